@@ -1,0 +1,100 @@
+"""Topic administration through confluent-kafka's AdminClient (an adapter module)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kworkers.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int = 6
+    replication_factor: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 249:
+            raise ConfigError(f"invalid topic name {self.name!r}")
+        if self.partitions < 1:
+            raise ConfigError(f"topic {self.name}: partitions must be >= 1, got {self.partitions}")
+
+
+def admin_client(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap_servers, **(extra or {})})
+
+
+def existing_topics(admin: AdminClient, timeout: float = 10.0) -> dict[str, int]:
+    """Topic name -> partition count, internal topics left out."""
+    md = admin.list_topics(timeout=timeout)
+    return {n: len(t.partitions) for n, t in md.topics.items() if not n.startswith("__")}
+
+
+def create_topics(
+    admin: AdminClient, specs: Iterable[TopicSpec], timeout: float = 30.0
+) -> list[str]:
+    """Create the topics that do not exist yet; returns the names created.
+
+    An existing topic is left as it is (its partition count is not changed: that would move
+    keys to other partitions).
+    """
+    wanted = list(specs)
+    have = existing_topics(admin, timeout)
+    new = [
+        NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor,
+                 config=dict(s.config))
+        for s in wanted
+        if s.name not in have
+    ]
+    if not new:
+        return []
+    created: list[str] = []
+    for name, fut in admin.create_topics(new, operation_timeout=timeout).items():
+        try:
+            fut.result(timeout)
+            created.append(name)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise
+    _wait_visible(admin, created, timeout)
+    return created
+
+
+def delete_topics(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> None:
+    names = list(names)
+    if not names:
+        return
+    for fut in admin.delete_topics(names, operation_timeout=timeout).values():
+        try:
+            fut.result(timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            raise
+
+
+def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Metadata is eventually consistent: wait until every new topic has its leaders."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=timeout)
+        ok = all(
+            n in md.topics
+            and md.topics[n].error is None
+            and all(p.leader >= 0 for p in md.topics[n].partitions.values())
+            for n in names
+        )
+        if ok:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topics {names} not visible after {timeout}s")

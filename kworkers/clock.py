@@ -1,0 +1,47 @@
+"""Time as a seam: logic takes a ``Clock`` so tests drive it by hand and never sleep."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Wall time, seconds since the epoch (due times cross processes, so wall time)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (deadlines, commit intervals)."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class FakeClock:
+    """A clock tests move by hand; wall and monotonic time advance together."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._t = start
+
+    def now(self) -> float:
+        return self._t
+
+    def monotonic(self) -> float:
+        return self._t
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock does not go back")
+        self._t += seconds
+
+    def set(self, t: float) -> None:
+        if t < self._t:
+            raise ValueError("a clock does not go back")
+        self._t = t

@@ -1,0 +1,109 @@
+"""The exceptions kworkers raises and the ones handlers raise to steer a failure.
+
+Why a tree: a handler states *what kind* of failure happened; kworkers decides where the record
+goes (retry tier or DLQ). Everything a user may catch derives from ``KworkersError``::
+
+    KworkersError
+    ├── ConfigError            bad settings or arguments; raised before anything is consumed
+    ├── HandOffError           a retry/DLQ produce was not acknowledged; the source is not committed
+    ├── FencedError            a result, heartbeat or completion for a partition no longer owned
+    ├── DecodeError            a record that cannot be decoded (non-retryable by nature)
+    └── ActivityFailure        raised by handlers to type a failure
+        ├── RetryableError     retry with backoff (the default for any other exception)
+        └── NonRetryableError  goes to the DLQ after this attempt
+
+Failure types survive ``raise X from err`` and wrapping: ``failure_type`` and
+``is_non_retryable`` walk ``__cause__``/``__context__`` and exception groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+class KworkersError(Exception):
+    """Base of every exception kworkers raises on purpose."""
+
+
+class ConfigError(KworkersError, ValueError):
+    """A setting or argument that cannot work; reported before any record is touched."""
+
+
+class HandOffError(KworkersError):
+    """A record could not be handed to a retry tier or the DLQ; its source stays uncommitted."""
+
+
+class FencedError(KworkersError):
+    """Work for a partition this worker no longer owns (or owns under a newer assignment)."""
+
+
+class ActivityFailure(KworkersError):
+    """A typed handler failure; ``type`` is what a retry policy's ``non_retryable`` names."""
+
+    non_retryable: bool = False
+
+    def __init__(self, type: str, message: str = "") -> None:  # noqa: A002 - the seed's name
+        super().__init__(f"{type}: {message}" if message else type)
+        self.type = type
+        self.message = message
+
+
+class RetryableError(ActivityFailure):
+    """Try again later, after the policy's backoff."""
+
+
+class NonRetryableError(ActivityFailure):
+    """Retrying cannot help (bad input, a broken invariant): dead-letter after this attempt."""
+
+    non_retryable = True
+
+
+class DecodeError(NonRetryableError):
+    """The record's bytes are not what the handler's decoder expects."""
+
+    def __init__(self, message: str, type: str = "DecodeError") -> None:  # noqa: A002
+        super().__init__(type, message)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """Every exception reachable from ``exc`` through causes, contexts and groups, once each."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        cur = stack.pop(0)
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        if isinstance(cur, BaseExceptionGroup):
+            stack.extend(cur.exceptions)
+        if cur.__cause__ is not None:
+            stack.append(cur.__cause__)
+        if cur.__context__ is not None and not cur.__suppress_context__:
+            stack.append(cur.__context__)
+
+
+def find_failure(exc: BaseException) -> ActivityFailure | None:
+    """The first typed failure in ``exc``'s chain, outermost first."""
+    for cur in _chain(exc):
+        if isinstance(cur, ActivityFailure):
+            return cur
+    return None
+
+
+def is_non_retryable(exc: BaseException) -> bool:
+    """True when any typed failure in the chain is marked non-retryable."""
+    return any(isinstance(c, ActivityFailure) and c.non_retryable for c in _chain(exc))
+
+
+def failure_type(exc: BaseException) -> str:
+    """The type a policy matches: the typed failure's ``type``, else the class name."""
+    typed = find_failure(exc)
+    return typed.type if typed is not None else type(exc).__name__
+
+
+def failure_message(exc: BaseException) -> str:
+    typed = find_failure(exc)
+    if typed is not None:
+        return typed.message
+    return str(exc)

@@ -1,0 +1,284 @@
+"""A real Apache Kafka broker for tests, benchmarks and the demo.
+
+Three ways to get one, behind one interface, chosen by ``broker_from_env``:
+
+- ``KWORKERS_BOOTSTRAP`` set: an existing broker (no faults can be injected into it);
+- default: a container started with testcontainers from ``KWORKERS_KAFKA_IMAGE`` (the official
+  ``apache/kafka`` image, or the locally built ``kworkers/kafka:<v>-local``), host networking,
+  free ports on 127.0.0.1;
+- ``KWORKERS_BROKER=process``: the same jars run as a local process, for machines that cannot
+  run a Docker engine.
+
+A fault test needs to stop, SIGKILL and restart the broker *with its data*: the container is
+stopped and started again (its filesystem survives), the process is restarted on the same data
+directory and ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+KAFKA_VERSION = "4.3.1"
+DEFAULT_KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
+READY_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _server_env(port: int, controller_port: int) -> dict[str, str]:
+    """Full KRaft single-node config in the official image's KAFKA_* convention.
+
+    The locally built image reads the same variables, so one fixture drives either image.
+    """
+    return {
+        "KWORKERS_KAFKA_PORT": str(port),
+        "KWORKERS_KAFKA_CONTROLLER_PORT": str(controller_port),
+        "CLUSTER_ID": "kWorkersLocalCluster0w",
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://127.0.0.1:{port}",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_INTER_BROKER_LISTENER_NAME": "PLAINTEXT",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": f"1@127.0.0.1:{controller_port}",
+        "KAFKA_LOG_DIRS": "/var/lib/kafka/data",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS": "10",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS": "1000",
+        "KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS": "1000",
+        "KAFKA_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+        "KAFKA_GROUP_CONSUMER_MIN_HEARTBEAT_INTERVAL_MS": "200",
+        "KAFKA_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
+        "KAFKA_HEAP_OPTS": "-Xms256m -Xmx768m",
+    }
+
+
+def wait_ready(bootstrap: str, timeout: float = READY_TIMEOUT_S, alive: Any = None) -> None:
+    """Block until the broker answers metadata requests and has a controller."""
+    from confluent_kafka.admin import AdminClient  # adapter import, kept local
+
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise RuntimeError(f"the broker at {bootstrap} exited while starting")
+        try:
+            with socket.create_connection(_host_port(bootstrap), timeout=1):
+                pass
+            admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+            md = admin.list_topics(timeout=5)
+            if md.brokers and md.controller_id >= 0:
+                return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.3)
+    raise TimeoutError(f"Kafka at {bootstrap} not ready after {timeout:.0f}s: {last}")
+
+
+def _host_port(bootstrap: str) -> tuple[str, int]:
+    first = bootstrap.split(",")[0]
+    host, _, port = first.rpartition(":")
+    return host, int(port)
+
+
+class Broker(Protocol):
+    """A broker a test can use and, where ``supports_faults``, stop, kill and restart."""
+
+    bootstrap_servers: str
+    supports_faults: bool
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def restart(self, hard: bool = False) -> None: ...
+    def close(self) -> None: ...
+    def logs(self) -> str: ...
+
+
+class ExternalBroker:
+    """A broker somebody else runs (``KWORKERS_BOOTSTRAP``); faults cannot be injected."""
+
+    supports_faults = False
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+
+    def start(self) -> None:
+        wait_ready(self.bootstrap_servers)
+
+    def stop(self) -> None:
+        raise NotImplementedError("cannot stop an external broker")
+
+    kill = stop
+
+    def restart(self, hard: bool = False) -> None:
+        raise NotImplementedError("cannot restart an external broker")
+
+    def close(self) -> None:
+        return None
+
+    def logs(self) -> str:
+        return ""
+
+
+class ContainerBroker:
+    """One KRaft node in a container with host networking (testcontainers, no reaper)."""
+
+    supports_faults = True
+
+    def __init__(self, image: str = DEFAULT_KAFKA_IMAGE, extra_env: dict[str, str] | None = None):
+        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+        self.image = image
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.env = {**_server_env(self.port, self.controller_port), **(extra_env or {})}
+        self._tc: Any = None
+
+    def _container(self) -> Any:
+        return self._tc.get_wrapped_container()
+
+    def start(self) -> None:
+        if self._tc is None:
+            from testcontainers.core.container import DockerContainer
+
+            tc = DockerContainer(self.image, network_mode="host")
+            for k, v in self.env.items():
+                tc.with_env(k, v)
+            self._tc = tc.start()
+        else:
+            self._container().start()
+        wait_ready(self.bootstrap_servers, alive=self._running)
+
+    def _running(self) -> bool:
+        c = self._container()
+        c.reload()
+        return bool(c.status in ("running", "created", "restarting"))
+
+    def stop(self) -> None:
+        self._container().stop(timeout=30)
+
+    def kill(self) -> None:
+        self._container().kill(signal="SIGKILL")
+        self._container().wait(timeout=30)
+
+    def restart(self, hard: bool = False) -> None:
+        self.kill() if hard else self.stop()
+        self.start()
+
+    def close(self) -> None:
+        if self._tc is not None:
+            with contextlib.suppress(Exception):
+                self._container().remove(force=True, v=True)
+            self._tc = None
+
+    def logs(self) -> str:
+        if self._tc is None:
+            return ""
+        out = self._container().logs()
+        return out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+
+
+def default_kafka_home() -> Path:
+    cache = Path(os.environ.get("KWORKERS_CACHE", Path.home() / ".cache" / "kworkers"))
+    return Path(os.environ.get("KWORKERS_KAFKA_HOME", cache / f"kafka-{KAFKA_VERSION}"))
+
+
+class ProcessBroker:
+    """The same jars and entrypoint as the image, as a local process (no Docker engine)."""
+
+    supports_faults = True
+
+    def __init__(self, kafka_home: Path | None = None, extra_env: dict[str, str] | None = None):
+        self.home = kafka_home or default_kafka_home()
+        runner = self.home / "bin" / "kafka-run"
+        if not runner.exists():
+            raise FileNotFoundError(
+                f"{runner} is missing: run deploy/images/kafka/build --jars-only first"
+            )
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.workdir = Path(tempfile.mkdtemp(prefix="kworkers-kafka-"))
+        self.env = {
+            **os.environ,
+            **_server_env(self.port, self.controller_port),
+            "KWORKERS_KAFKA_HOME": str(self.home),
+            "KWORKERS_KAFKA_DATA_DIR": str(self.workdir / "data"),
+            "KWORKERS_KAFKA_CONF_DIR": str(self.workdir / "conf"),
+            "KAFKA_LOG_DIRS": str(self.workdir / "data"),
+            **(extra_env or {}),
+        }
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.workdir / "broker.log", "ab")  # noqa: SIM115 - owned by the process
+        self._proc = subprocess.Popen(
+            [str(self.home / "bin" / "kafka-run")],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        proc = self._proc
+        wait_ready(self.bootstrap_servers, alive=lambda: proc.poll() is None)
+
+    def _signal(self, sig: int, wait: float) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, sig)
+        try:
+            self._proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGTERM, 60)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL, 30)
+
+    def restart(self, hard: bool = False) -> None:
+        self.kill() if hard else self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def logs(self) -> str:
+        path = self.workdir / "broker.log"
+        return path.read_text("utf-8", "replace") if path.exists() else ""
+
+
+def broker_from_env(extra_env: dict[str, str] | None = None) -> Broker:
+    """The broker this environment asks for (not started yet)."""
+    bootstrap = os.environ.get("KWORKERS_BOOTSTRAP")
+    if bootstrap:
+        return ExternalBroker(bootstrap)
+    if os.environ.get("KWORKERS_BROKER", "container") == "process":
+        return ProcessBroker(extra_env=extra_env)
+    return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE", DEFAULT_KAFKA_IMAGE), extra_env)

@@ -1,0 +1,1 @@
+pytest_plugins = ["kworkers.testing.pytest_plugin"]
