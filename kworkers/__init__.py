@@ -1,4 +1,4 @@
-"""kworkers: pools of Kafka consumer workers that never lose work and never apply an effect twice."""
+"""kworkers: pools of Kafka consumer workers that never lose work nor apply an effect twice."""
 
 from kworkers.errors import (
     ActivityFailure,

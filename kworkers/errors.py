@@ -42,7 +42,7 @@ class ActivityFailure(KworkersError):
 
     non_retryable: bool = False
 
-    def __init__(self, type: str, message: str = "") -> None:  # noqa: A002 - the seed's name
+    def __init__(self, type: str, message: str = "") -> None:
         super().__init__(f"{type}: {message}" if message else type)
         self.type = type
         self.message = message
@@ -61,7 +61,7 @@ class NonRetryableError(ActivityFailure):
 class DecodeError(NonRetryableError):
     """The record's bytes are not what the handler's decoder expects."""
 
-    def __init__(self, message: str, type: str = "DecodeError") -> None:  # noqa: A002
+    def __init__(self, message: str, type: str = "DecodeError") -> None:
         super().__init__(type, message)
 
 

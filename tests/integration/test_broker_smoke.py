@@ -22,7 +22,9 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
     assert p.flush(30) == 0
 
 
-def _consume_all(bootstrap: str, topic: str, group: str, n: int, protocol: str = "classic") -> list[bytes]:
+def _consume_all(
+    bootstrap: str, topic: str, group: str, n: int, protocol: str = "classic"
+) -> list[bytes]:
     conf = {
         "bootstrap.servers": bootstrap,
         "group.id": group,
