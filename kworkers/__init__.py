@@ -12,10 +12,16 @@ from kworkers.errors import (
     failure_type,
     is_non_retryable,
 )
+from kworkers.config import WorkerConfig
+from kworkers.consumer.commit import CommitPolicy
 from kworkers.message import Message
+from kworkers.retry_tiers.policy import RetryPolicy
+from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.worker import Worker
 
 __all__ = [
     "ActivityFailure",
+    "CommitPolicy",
     "ConfigError",
     "DecodeError",
     "FencedError",
@@ -23,7 +29,11 @@ __all__ = [
     "KworkersError",
     "Message",
     "NonRetryableError",
+    "RetryPolicy",
     "RetryableError",
+    "TierLadder",
+    "Worker",
+    "WorkerConfig",
     "failure_type",
     "is_non_retryable",
 ]

@@ -1,14 +1,17 @@
-"""The record a handler sees: kworkers' own frozen value, so client types never leak."""
+"""The record a handler sees: kworkers' own immutable value, so client types never leak.
+
+A ``NamedTuple`` rather than a frozen dataclass on purpose: one is built per fetched record on
+the hot path, and a tuple is several times cheaper to build than a frozen dataclass.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Headers = tuple[tuple[str, bytes], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     topic: str
     partition: int
     offset: int
@@ -18,14 +21,14 @@ class Message:
     timestamp_ms: int | None = None
     #: 1 on first delivery, +1 per retry tier hop; 1 again after a redrive.
     attempt: int = 1
-    _index: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def header(self, name: str) -> bytes | None:
         """The last value of header ``name`` (Kafka allows repeats; the last one wins)."""
-        if not self._index and self.headers:
-            for k, v in self.headers:
-                self._index[k] = v
-        return self._index.get(name)
+        found = None
+        for k, v in self.headers:
+            if k == name:
+                found = v
+        return found
 
     def header_str(self, name: str) -> str | None:
         raw = self.header(name)

@@ -1,0 +1,66 @@
+"""Retry tiers: where a failed record goes next, when it is due, and what its headers say.
+
+Pure logic only (no broker I/O): the consumer loop joins these decisions to a producer.
+
+- ``policy``: ``RetryPolicy``, ``backoff`` and full ``jitter``.
+- ``tiers``: the ``TierLadder`` of ``<topic>.retry.<label>`` topics and ``<topic>.dlq``.
+- ``routing``: ``route``, the one decision after a handler raises.
+- ``headers``: the kw-* failure headers (and Spring DLT aliases), written and validated.
+- ``delay``: ``DelayBuffer``, the bounded timer heap of a tier consumer.
+"""
+
+from kworkers.retry_tiers.delay import DelayBuffer
+from kworkers.retry_tiers.headers import (
+    MAX_HEADER_VALUE,
+    FailureInfo,
+    HeaderError,
+    attempt_of,
+    check_due,
+    dead_letter_headers,
+    due_at_of,
+    failure_of,
+    redrive_headers,
+    retry_headers,
+)
+from kworkers.retry_tiers.policy import (
+    JitterSource,
+    RetryPolicy,
+    SeededJitter,
+    backoff,
+    jitter,
+    no_jitter,
+)
+from kworkers.retry_tiers.routing import (
+    MAX_ERROR_MESSAGE,
+    DeadLetterDecision,
+    RetryDecision,
+    route,
+)
+from kworkers.retry_tiers.tiers import Tier, TierLadder, source_topic_of
+
+__all__ = [
+    "MAX_ERROR_MESSAGE",
+    "MAX_HEADER_VALUE",
+    "DeadLetterDecision",
+    "DelayBuffer",
+    "FailureInfo",
+    "HeaderError",
+    "JitterSource",
+    "RetryDecision",
+    "RetryPolicy",
+    "SeededJitter",
+    "Tier",
+    "TierLadder",
+    "attempt_of",
+    "backoff",
+    "check_due",
+    "dead_letter_headers",
+    "due_at_of",
+    "failure_of",
+    "jitter",
+    "no_jitter",
+    "redrive_headers",
+    "retry_headers",
+    "route",
+    "source_topic_of",
+]

@@ -281,4 +281,23 @@ def broker_from_env(extra_env: dict[str, str] | None = None) -> Broker:
         return ExternalBroker(bootstrap)
     if os.environ.get("KWORKERS_BROKER", "container") == "process":
         return ProcessBroker(extra_env=extra_env)
-    return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE", DEFAULT_KAFKA_IMAGE), extra_env)
+    return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE") or default_image(), extra_env)
+
+
+LOCAL_KAFKA_IMAGE = f"kworkers/kafka:{KAFKA_VERSION}-local"
+
+
+def default_image() -> str:
+    """The official image, unless only the locally built one is present (no registry here)."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        try:
+            client.images.get(DEFAULT_KAFKA_IMAGE)
+            return DEFAULT_KAFKA_IMAGE
+        except docker.errors.ImageNotFound:
+            client.images.get(LOCAL_KAFKA_IMAGE)
+            return LOCAL_KAFKA_IMAGE
+    except Exception:
+        return DEFAULT_KAFKA_IMAGE

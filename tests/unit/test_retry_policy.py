@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from kworkers.retry_tiers.policy import (
     RetryPolicy,
     SeededJitter,
@@ -70,7 +71,9 @@ def test_backoff_below_one_means_default() -> None:
 
 
 def test_normalized_keeps_set_fields_and_non_retryable() -> None:
-    p = RetryPolicy(initial=0.25, backoff=3.0, max_interval=7.0, max_attempts=9, non_retryable=("X",))
+    p = RetryPolicy(
+        initial=0.25, backoff=3.0, max_interval=7.0, max_attempts=9, non_retryable=("X",)
+    )
     assert p.normalized() == p
 
 

@@ -1,0 +1,109 @@
+"""A worker's settings: one frozen, validated value (not thirty constructor arguments).
+
+Everything that can be wrong is reported here, before any record is fetched, with the setting's
+name in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kworkers.consumer.commit import CommitPolicy
+from kworkers.errors import ConfigError
+from kworkers.retry_tiers.policy import RetryPolicy
+from kworkers.retry_tiers.tiers import TierLadder
+
+Ordering = Literal["partition", "key"]
+GroupProtocol = Literal["classic", "consumer"]
+
+# Settings kworkers owns: a user's consumer_config may not override them, because the
+# guarantees rest on them (commit only after durable work, incremental rebalancing).
+_OWNED_CONSUMER_KEYS = frozenset({
+    "group.id", "bootstrap.servers", "enable.auto.commit", "enable.auto.offset.store",
+    "group.protocol",
+})
+# Not client settings under KIP-848: the broker's group.consumer.* configs rule.
+_CLASSIC_ONLY_KEYS = frozenset({
+    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms",
+})
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    topics: tuple[str, ...]
+    group_id: str
+    bootstrap_servers: str = "127.0.0.1:9092"
+    ordering: Ordering = "partition"
+    #: handler executions at once: threads for sync handlers, tasks for async ones
+    concurrency: int = 8
+    max_in_flight: int = 20_000
+    max_in_flight_per_partition: int = 5_000
+    #: per-message deadline in seconds (None: no deadline); a heartbeat extends it
+    message_timeout: float | None = None
+    commit: CommitPolicy = field(default_factory=CommitPolicy)
+    group_protocol: GroupProtocol = "classic"
+    #: retry tiers and DLQ: failed attempts never block the partition
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    tiers: TierLadder = field(default_factory=TierLadder)
+    jitter_seed: int | None = None
+    #: how long in-flight work of a revoked partition may take before its state is dropped
+    revoke_timeout: float = 10.0
+    #: how long SIGTERM waits for in-flight work before committing and leaving
+    drain_timeout: float = 30.0
+    #: records a retry-tier consumer holds in its timer heap before pausing
+    delay_buffer: int = 10_000
+    consume_batch: int = 500
+    consumer_config: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    producer_config: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        raw: object = self.topics
+        topics = (raw,) if isinstance(raw, str) else tuple(self.topics)
+        object.__setattr__(self, "topics", topics)
+        if not topics or any(not t or not isinstance(t, str) for t in topics):
+            raise ConfigError(f"topics: need at least one non-empty topic name, got {topics!r}")
+        for t in topics:
+            if ".retry." in t or t.endswith(".dlq"):
+                raise ConfigError(f"topics: {t!r} is a retry tier or DLQ; name the source topic")
+        if not self.group_id:
+            raise ConfigError("group_id: must not be empty")
+        if not self.bootstrap_servers:
+            raise ConfigError("bootstrap_servers: must not be empty")
+        if self.ordering not in ("partition", "key"):
+            raise ConfigError(f"ordering: 'partition' or 'key', got {self.ordering!r}")
+        if self.group_protocol not in ("classic", "consumer"):
+            raise ConfigError(
+                f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")
+        for name in ("concurrency", "max_in_flight", "max_in_flight_per_partition",
+                     "delay_buffer", "consume_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}: must be a whole number >= 1, got {value!r}")
+        if self.message_timeout is not None and self.message_timeout <= 0:
+            raise ConfigError(f"message_timeout: must be > 0 s or None, got {self.message_timeout}")
+        for name in ("revoke_timeout", "drain_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0 s")
+        owned = _OWNED_CONSUMER_KEYS & set(self.consumer_config)
+        if owned:
+            raise ConfigError(f"consumer_config: {sorted(owned)} are set by kworkers itself")
+        if self.group_protocol == "consumer":
+            bad = _CLASSIC_ONLY_KEYS & set(self.consumer_config)
+            if bad:
+                raise ConfigError(
+                    f"consumer_config: {sorted(bad)} are not client settings under "
+                    "group_protocol='consumer' (KIP-848); the broker's group.consumer.* rule"
+                )
+
+    @property
+    def retry_group_id(self) -> str:
+        """Tier topics have a group of their own, so waiting retries never count as main lag."""
+        return f"{self.group_id}.retry"
+
+    def tier_topics(self) -> tuple[str, ...]:
+        return tuple(t.topic for src in self.topics for t in self.tiers.tiers(src))
+
+    def dlq_topics(self) -> tuple[str, ...]:
+        return tuple(self.tiers.dlq_topic(src) for src in self.topics)

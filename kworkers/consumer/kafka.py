@@ -1,0 +1,157 @@
+"""The adapter between the loop and confluent-kafka: the only consumer module importing it.
+
+The loop speaks in ``Message`` values and ``(topic, partition)`` pairs; this module turns those
+into client calls and client errors into the loop's vocabulary (retryable or not).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from kworkers.message import Headers, Message
+
+log = logging.getLogger("kworkers.consumer")
+
+TP = tuple[str, int]
+RebalanceCallback = Callable[[list[TP]], None]
+
+_RETRYABLE_COMMIT_CODES = frozenset({
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError._WAIT_COORD,
+})
+
+
+def consumer_settings(
+    bootstrap: str, group: str, protocol: str, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "group.protocol": protocol,
+        # Headroom for a paused partition's heartbeat-only polls; handlers never run here.
+        "max.poll.interval.ms": 300_000,
+        "log_level": 4,
+    }
+    if protocol == "classic":
+        conf["partition.assignment.strategy"] = "cooperative-sticky"
+    conf.update(extra)
+    return conf
+
+
+def producer_settings(bootstrap: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The hand-off producer: idempotent, acks from all replicas, bounded delivery time."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "delivery.timeout.ms": 30_000,
+        "log_level": 4,
+    }
+    conf.update(extra)
+    return conf
+
+
+def is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        err: KafkaError = exc.args[0]
+        return bool(err.retriable()) or err.code() in _RETRYABLE_COMMIT_CODES
+    return False
+
+
+def is_nothing_to_commit(exc: BaseException) -> bool:
+    return (isinstance(exc, KafkaException) and bool(exc.args)
+            and isinstance(exc.args[0], KafkaError)
+            and exc.args[0].code() == KafkaError._NO_OFFSET)
+
+
+def _headers(h: Any) -> Headers:
+    """Client headers as kworkers' tuple; a null header value becomes b"" (documented)."""
+    items = h.items() if isinstance(h, dict) else h
+    return tuple(
+        (k, v if isinstance(v, bytes) else (b"" if v is None else str(v).encode()))
+        for k, v in items
+    )
+
+
+class KafkaConsumerAdapter:
+    """Wraps (never subclasses) a confluent-kafka ``Consumer``."""
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self._c = Consumer(dict(conf))
+        self.group = str(conf["group.id"])
+
+    def subscribe(self, topics: Iterable[str], on_assign: RebalanceCallback,
+                  on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None:
+        def pairs(parts: list[TopicPartition]) -> list[TP]:
+            return [(p.topic, p.partition) for p in parts]
+
+        self._c.subscribe(
+            list(topics),
+            on_assign=lambda _c, parts: on_assign(pairs(parts)),
+            on_revoke=lambda _c, parts: on_revoke(pairs(parts)),
+            on_lost=lambda _c, parts: on_lost(pairs(parts)),
+        )
+
+    def poll_batch(self, n: int, timeout: float) -> list[Message]:
+        raw = self._c.consume(n, timeout)
+        out: list[Message] = []
+        append = out.append
+        for m in raw:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error (the client retries it): %s", err)
+                continue
+            h = m.headers()
+            ts = m.timestamp()
+            append(Message(
+                m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value(),
+                _headers(h) if h else (), ts[1] if ts[0] else None,
+            ))
+        return out
+
+    def commit(self, positions: Mapping[TP, int]) -> None:
+        tps = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        try:
+            result = self._c.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            if is_nothing_to_commit(exc):
+                return
+            raise
+        for tp in result or []:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+
+    def pause(self, tps: Sequence[TP]) -> None:
+        if tps:
+            self._c.pause([TopicPartition(t, p) for t, p in tps])
+
+    def resume(self, tps: Sequence[TP]) -> None:
+        if tps:
+            self._c.resume([TopicPartition(t, p) for t, p in tps])
+
+    def watermarks(self, tp: TP, timeout: float = 1.0) -> tuple[int, int]:
+        lo, hi = self._c.get_watermark_offsets(TopicPartition(*tp), timeout=timeout, cached=True)
+        return int(lo), int(hi)
+
+    def close(self) -> None:
+        self._c.close()
+
+    is_retryable = staticmethod(is_retryable)

@@ -1,0 +1,72 @@
+"""Which offset of a partition may be committed, given completions in any order.
+
+Kafka commits a *position*: "everything before this offset is done". Handlers finish out of
+order (key lanes, threads, a retry hand-off that takes a while), so the position is the lowest
+offset still in flight, or one past the last tracked offset when nothing is. Offsets need not be
+contiguous integers (compaction and transaction markers leave gaps): the tracker only knows the
+offsets it was given, in fetch order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class OffsetTracker:
+    """Per-partition commit position; never moves backwards."""
+
+    __slots__ = ("_committed", "_done", "_last", "_pending", "_position")
+
+    def __init__(self) -> None:
+        self._pending: deque[int] = deque()  # tracked, in fetch order; head = lowest in flight
+        self._done: set[int] = set()  # completed but behind an incomplete one
+        self._last = -1  # highest offset tracked
+        self._position: int | None = None  # next offset to commit (None: nothing completed yet)
+        self._committed: int | None = None
+
+    def track(self, offset: int) -> None:
+        """Registers a fetched offset as in flight. Offsets must arrive in increasing order."""
+        if offset <= self._last:
+            raise ValueError(f"offset {offset} tracked after {self._last}: fetch order broken")
+        self._last = offset
+        self._pending.append(offset)
+
+    def complete(self, offset: int) -> None:
+        """Marks an in-flight offset done (idempotent; unknown offsets are ignored)."""
+        pending = self._pending
+        if pending and pending[0] == offset:
+            pending.popleft()
+            pos = offset + 1
+            done = self._done
+            while pending and pending[0] in done:
+                head = pending.popleft()
+                done.discard(head)
+                pos = head + 1
+            if self._position is None or pos > self._position:
+                self._position = pos
+        elif pending and offset > pending[0] and offset <= self._last:
+            self._done.add(offset)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending) - len(self._done)
+
+    @property
+    def position(self) -> int | None:
+        """Lowest offset not yet done (the value to commit), or None before any completion."""
+        return self._position
+
+    def committable(self) -> int | None:
+        """The position when it is ahead of the last committed one, else None."""
+        pos = self._position
+        if pos is None or (self._committed is not None and pos <= self._committed):
+            return None
+        return pos
+
+    def mark_committed(self, position: int) -> None:
+        if self._committed is None or position > self._committed:
+            self._committed = position
+
+    @property
+    def committed(self) -> int | None:
+        return self._committed

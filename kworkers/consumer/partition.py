@@ -1,0 +1,91 @@
+"""Per-partition state owned by the poll thread: offsets, lanes, pause flag, fencing.
+
+A new ``PartitionState`` is made for every assignment; work carries a reference to the one it
+was dispatched under, so a result for a partition revoked (or revoked and assigned again) in the
+meantime is recognised as stale by identity and fenced out.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kworkers.consumer.offsets import OffsetTracker
+from kworkers.message import Message
+
+
+class Poisoned:
+    """A record that failed before its handler could run (e.g. corrupt kworkers headers)."""
+
+    __slots__ = ("exc", "msg")
+
+    def __init__(self, msg: Message, exc: BaseException) -> None:
+        self.msg = msg
+        self.exc = exc
+
+
+Item = Message | Poisoned
+
+
+class Lane:
+    """An ordered queue of records run one at a time (per partition, or per key).
+
+    ``queue`` and ``running`` change under ``lock``, by the poll thread (enqueue) and by the
+    runner (take the next batch, or go idle); everything else is the runner's own.
+    """
+
+    __slots__ = ("batch", "current", "incarnation", "lock", "part", "pos", "queue", "running",
+                 "started")
+
+    def __init__(self, part: PartitionState) -> None:
+        self.part = part
+        self.queue: list[Item] = []
+        self.running = False
+        self.lock = threading.Lock()
+        #: bumped when a deadline takes the lane away from a stuck runner
+        self.incarnation = 0
+        # Watched by the deadline watchdog (only maintained when deadlines are on):
+        self.current: Message | None = None
+        self.started = 0.0
+        self.batch: list[Item] = []
+        self.pos = 0
+
+
+class PartitionState:
+    __slots__ = ("lane", "lanes", "partition", "paused", "revoking", "topic", "tp", "tracker")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.tp = (topic, partition)
+        self.tracker = OffsetTracker()
+        self.lane = Lane(self)  # the partition lane (ordering="partition")
+        self.lanes: dict[Any, Lane] = {}  # key lanes (ordering="key")
+        self.paused = False
+        #: set when the partition is revoked or lost: runners stop at the next record
+        self.revoking = False
+
+    def lane_for(self, key: bytes | None) -> Lane:
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(self)
+        return lane
+
+    def all_lanes(self) -> list[Lane]:
+        return [self.lane, *self.lanes.values()]
+
+    def busy(self) -> bool:
+        return any(lane.running for lane in self.all_lanes())
+
+    def stop_dispatch(self) -> None:
+        """Queued records are dropped (never completed, so never committed past)."""
+        self.revoking = True
+        for lane in self.all_lanes():
+            with lane.lock:
+                lane.queue = []
+
+    def prune_idle_lanes(self) -> None:
+        for key, lane in list(self.lanes.items()):
+            with lane.lock:
+                if not lane.running and not lane.queue:
+                    del self.lanes[key]

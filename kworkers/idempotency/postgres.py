@@ -1,0 +1,84 @@
+"""Idempotency keys in PostgreSQL (psycopg 3): one table, row locks, shared by many hosts.
+
+Why row locks: each operation runs ``INSERT ... ON CONFLICT DO NOTHING`` (a new key gets a
+placeholder row, and a concurrent insert of the same key waits for ours) and then
+``SELECT ... FOR UPDATE``, so read-decide-write on a key is serialized while other keys proceed
+in parallel. In ``transaction()`` that lock is held for the whole effect, which is what makes a
+takeover during a slow effect impossible: the would-be successor waits, then sees DONE.
+
+Connections are autocommit outside explicit transactions, so reads never leave a session idle
+in a transaction; each thread has its own connection (see ``PerThread``), re-opened when broken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import psycopg
+from psycopg import pq
+
+from kworkers.errors import ConfigError
+from kworkers.idempotency.store import PerThread, SqlLeaseStore
+
+__all__ = ["PostgresStore"]
+
+Connection = psycopg.Connection[Any]
+
+
+class PostgresStore(SqlLeaseStore[Connection]):
+    """Idempotency keys in table ``table`` of the database at ``dsn`` (created on first use)."""
+
+    dialect: Literal["postgres"] = "postgres"
+    _mark = "%s"
+    _for_update = " FOR UPDATE"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str = "kworkers_idempotency",
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.dsn = dsn
+        self._connect_timeout = max(1, round(connect_timeout_s))
+        super().__init__(table, PerThread(self._connect, Connection.close, _usable))
+
+    def _connect(self) -> Connection:
+        conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        try:
+            with conn.transaction():
+                # CREATE TABLE IF NOT EXISTS races with itself (a duplicate pg_type row), so
+                # first-use creation by several workers at once is serialized by a lock.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+                conn.execute(
+                    f"""CREATE TABLE IF NOT EXISTS {self.table} (
+                        key TEXT PRIMARY KEY,
+                        owner TEXT,
+                        token BIGINT NOT NULL,
+                        status TEXT NOT NULL CHECK (status IN ('leased', 'free', 'done')),
+                        lease_until DOUBLE PRECISION NOT NULL,
+                        details BYTEA,
+                        done_at DOUBLE PRECISION
+                    )"""
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextlib.contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        conn = self._conns.get()
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise ConfigError(
+                "a PostgresStore transaction is already open on this thread; do not call the "
+                "store from inside transaction()/apply_once() (use the connection you were given)"
+            )
+        with conn.transaction():
+            yield conn
+
+
+def _usable(conn: Connection) -> bool:
+    return not conn.closed and not conn.broken

@@ -1,0 +1,109 @@
+"""The embedded default: one SQLite file, safe across threads and processes on one host.
+
+Why these settings: WAL lets readers (``details``, ``is_done``) run while a writer holds the
+lock; every write opens with ``BEGIN IMMEDIATE``, which takes the database's write lock *before*
+reading, so read-decide-write cannot interleave between two processes (a plain ``BEGIN`` would
+let both read "free" and then one fail to upgrade, or worse, both decide). ``synchronous=FULL``
+because a done-mark that a power cut can undo is an effect applied twice. Writers wait up to
+``busy_timeout_s`` for the lock; keep transactional effects short, they serialize every claim
+on the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterator
+from typing import Literal
+
+from kworkers.errors import ConfigError
+from kworkers.idempotency.store import PerThread, SqlLeaseStore
+
+__all__ = ["SqliteStore"]
+
+
+class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
+    """Idempotency keys in the SQLite file ``path`` (created with its table on first use)."""
+
+    dialect: Literal["sqlite"] = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        table: str = "kworkers_idempotency",
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        self.path = os.fspath(path)
+        if self.path == ":memory:" or self.path.startswith("file::memory:"):
+            raise ConfigError(
+                "SqliteStore needs a file: each thread has its own connection, and an "
+                "in-memory database is private to one connection"
+            )
+        if busy_timeout_s <= 0:
+            raise ConfigError(f"busy_timeout_s must be > 0, got {busy_timeout_s!r}")
+        self._timeout = busy_timeout_s
+        super().__init__(table, PerThread(self._connect, sqlite3.Connection.close))
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._timeout,
+            isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+            check_same_thread=False,  # used by one thread, but closed by whoever closes
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                f"""CREATE TABLE IF NOT EXISTS {self.table} (
+                    key TEXT PRIMARY KEY,
+                    owner TEXT,
+                    token INTEGER NOT NULL,
+                    status TEXT NOT NULL CHECK (status IN ('leased', 'free', 'done')),
+                    lease_until REAL NOT NULL,
+                    details BLOB,
+                    done_at REAL
+                )"""
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextlib.contextmanager
+    def _begin(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conns.get()
+        if _in_txn(conn):
+            raise ConfigError(
+                "a SqliteStore transaction is already open on this thread; do not call the "
+                "store from inside transaction()/apply_once() (use the connection you were given)"
+            )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            if _in_txn(conn):
+                conn.execute("ROLLBACK")
+            raise
+        if not _in_txn(conn):
+            raise ConfigError(
+                "the transaction was committed or rolled back inside the block; the effect and "
+                "the done-mark are no longer atomic (do not call commit()/rollback() there)"
+            )
+        try:
+            conn.execute("COMMIT")
+        except BaseException:
+            if _in_txn(conn):
+                conn.execute("ROLLBACK")
+            raise
+
+
+def _in_txn(conn: sqlite3.Connection) -> bool:
+    """A call, not the attribute, so type narrowing does not outlive the statements that change
+    it."""
+    return conn.in_transaction

@@ -1,0 +1,472 @@
+"""The idempotent receiver: a lease per effect key, fenced by a token.
+
+Why a lease and not a plain "seen" flag: claim-then-work with SETNX loses the effect for good
+when the worker dies between the claim and the effect (the key says "seen", nothing was done).
+A lease expires instead, and the next attempt takes the key over. Each (re)acquisition bumps a
+*fencing token*; heartbeat, complete and the transactional mark check it, so a worker that was
+paused past its lease (GC, a frozen VM) and wakes up cannot complete over its successor.
+
+A key moves through three states::
+
+            claim (new key / lease expired / released)
+    ┌──────────────────────────────────────────────┐
+    ▼                                              │
+  leased ──release──▶ free ──claim──▶ leased       │
+    │  ▲                                           │
+    │  └── heartbeat (extends, stores details) ────┘
+    └──complete──▶ done   (terminal: every later claim answers DONE)
+
+The backends store exactly these fields per key; the decisions live here, as pure functions over
+a ``LeaseRow``, so the SQL backends cannot drift apart (Redis repeats them in Lua, and the one
+contract test suite holds all three to the same behaviour).
+
+Time is always passed in (``now``, seconds): the store never reads a clock, so tests drive
+expiry by hand and every worker's view of "expired" is the one it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from kworkers.errors import ConfigError, FencedError
+
+__all__ = [
+    "Claim",
+    "ClaimState",
+    "IdempotencyStore",
+    "LeaseRow",
+    "SqlConnection",
+    "TransactionalStore",
+    "check_fence",
+    "decide_claim",
+    "decide_complete",
+    "decide_heartbeat",
+    "decide_release",
+]
+
+
+class ClaimState(enum.Enum):
+    """What ``claim`` found: the caller may work (ACQUIRED), skip (DONE) or try later (BUSY)."""
+
+    ACQUIRED = "acquired"
+    DONE = "done"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The answer to ``claim``.
+
+    ``token`` is the fencing token to pass to heartbeat/complete/release (for BUSY and DONE it is
+    the current holder's, for information). ``details`` are the last heartbeat details, so a
+    takeover resumes from the previous attempt's checkpoint instead of starting over.
+    ``takeover`` is True when the key was held by *another* owner that neither completed it nor
+    kept its lease alive: that owner may have applied part of the effect.
+    """
+
+    state: ClaimState
+    key: str
+    token: int
+    details: bytes | None
+    lease_until: float
+    takeover: bool
+
+    @property
+    def acquired(self) -> bool:
+        return self.state is ClaimState.ACQUIRED
+
+
+LeaseStatus = Literal["leased", "free", "done"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """One key as every backend stores it."""
+
+    owner: str | None
+    token: int
+    status: LeaseStatus
+    lease_until: float
+    details: bytes | None
+    done_at: float | None = None
+
+
+class IdempotencyStore(Protocol):
+    """The lease protocol every backend implements (see the module docstring)."""
+
+    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
+        """New key or expired/released lease -> ACQUIRED (token+1); live lease of another
+        owner -> BUSY; done -> DONE. The same owner re-claiming its live lease -> ACQUIRED with
+        the same token (and the lease extended to at least ``now + lease_s``)."""
+        ...
+
+    def heartbeat(
+        self, key: str, token: int, details: bytes | None, lease_s: float, now: float
+    ) -> None:
+        """Move the lease to ``now + lease_s`` and store ``details`` (``None`` keeps the last
+        ones). FencedError when ``token`` is not current, the key was released or is done."""
+        ...
+
+    def complete(self, key: str, token: int, now: float) -> None:
+        """Mark the key done. FencedError on a stale token; repeating it with the token that
+        completed is a no-op (a retried call after a lost reply)."""
+        ...
+
+    def release(self, key: str, token: int) -> None:
+        """Give the lease up without completing (the attempt failed), so the next attempt takes
+        over at once instead of waiting out the lease. Keeps details. Stale token: no-op."""
+        ...
+
+    def details(self, key: str) -> bytes | None: ...
+
+    def is_done(self, key: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class SqlConnection(Protocol):
+    """The part of a DB-API connection the outbox and the effect callbacks rely on; both
+    ``sqlite3.Connection`` and ``psycopg.Connection`` fit."""
+
+    def execute(self, sql: str, params: Sequence[Any], /) -> Any: ...
+
+
+ConnT_co = TypeVar("ConnT_co", covariant=True)
+
+
+class TransactionalStore(IdempotencyStore, Protocol[ConnT_co]):
+    """A store in a SQL database: the effect and the done-mark can share one transaction, which
+    makes the effect exactly-once without relying on a lease (the outbox pattern)."""
+
+    @property
+    def dialect(self) -> Literal["sqlite", "postgres"]:
+        """Which SQL the outbox speaks to this store's database."""
+        ...
+
+    def transaction(
+        self, key: str, token: int, now: float | None = None
+    ) -> AbstractContextManager[ConnT_co]:
+        """Run the caller's effect SQL on the yielded connection; on a clean exit the key is
+        marked done in the same transaction. The lease row stays locked throughout, so nobody
+        can take over mid-effect. FencedError (before the body runs) when ``token`` is stale or
+        the key is already done; an exception in the body rolls everything back."""
+        ...
+
+    def apply_once(
+        self, key: str, fn: Callable[[ConnT_co], object], now: float | None = None
+    ) -> bool:
+        """Run ``fn(conn)`` and mark the key done atomically, unless it is done already.
+        Returns True when ``fn`` ran and committed. Needs no claim: the transaction is the
+        lock. Do not mix it with the lease form on one key."""
+        ...
+
+    def atomic(self) -> AbstractContextManager[ConnT_co]:
+        """A plain transaction on this thread's connection (commit on success, rollback on
+        error); the outbox relay uses it."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The decisions, shared by the SQL backends (and mirrored by the Redis Lua scripts).
+
+
+def validate_claim_args(key: str, owner: str, lease_s: float) -> None:
+    if not key:
+        raise ConfigError("an idempotency key must not be empty")
+    if not owner:
+        raise ConfigError("a claim needs a non-empty owner (the worker's id)")
+    if not lease_s > 0:
+        raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
+
+
+def decide_claim(
+    row: LeaseRow | None, key: str, owner: str, lease_s: float, now: float
+) -> tuple[Claim, LeaseRow | None]:
+    """The claim's answer and the row to write (``None``: leave the row as it is)."""
+    if row is None:
+        new = LeaseRow(owner, 1, "leased", now + lease_s, None)
+        return Claim(ClaimState.ACQUIRED, key, 1, None, new.lease_until, False), new
+    if row.status == "done":
+        return Claim(ClaimState.DONE, key, row.token, row.details, row.lease_until, False), None
+    live = row.status == "leased" and row.lease_until > now
+    if live and row.owner == owner:
+        until = max(row.lease_until, now + lease_s)
+        new = replace(row, lease_until=until)
+        return Claim(ClaimState.ACQUIRED, key, row.token, row.details, until, False), new
+    if live:
+        return Claim(ClaimState.BUSY, key, row.token, row.details, row.lease_until, False), None
+    # Expired or released: take it over under a new token; the details are the checkpoint.
+    token = row.token + 1
+    new = LeaseRow(owner, token, "leased", now + lease_s, row.details)
+    takeover = row.owner is not None and row.owner != owner
+    return Claim(ClaimState.ACQUIRED, key, token, row.details, new.lease_until, takeover), new
+
+
+def check_fence(row: LeaseRow | None, key: str, token: int, what: str) -> LeaseRow:
+    """The row, when ``token`` still holds the lease on ``key``; FencedError otherwise."""
+    if row is None:
+        raise FencedError(f"{what} {key!r}: the key was never claimed")
+    if row.status == "done":
+        raise FencedError(f"{what} {key!r}: the key is already done (token {row.token})")
+    if row.token != token:
+        raise FencedError(f"{what} {key!r}: token {token} is stale, the lease is at {row.token}")
+    if row.status == "free":
+        raise FencedError(f"{what} {key!r}: token {token} released its lease")
+    return row
+
+
+def decide_heartbeat(
+    row: LeaseRow | None, key: str, token: int, details: bytes | None, lease_s: float, now: float
+) -> LeaseRow:
+    if not lease_s > 0:
+        raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
+    cur = check_fence(row, key, token, "heartbeat for")
+    return replace(
+        cur,
+        lease_until=now + lease_s,
+        details=cur.details if details is None else bytes(details),
+    )
+
+
+def decide_complete(row: LeaseRow | None, key: str, token: int, now: float) -> LeaseRow | None:
+    """The done row to write, or ``None`` when this token already completed the key."""
+    if row is not None and row.status == "done" and row.token == token:
+        return None
+    cur = check_fence(row, key, token, "complete")
+    return replace(cur, status="done", done_at=now)
+
+
+def decide_release(row: LeaseRow | None, token: int) -> LeaseRow | None:
+    """The released row, or ``None`` (no-op) when ``token`` does not hold a lease."""
+    if row is None or row.status != "leased" or row.token != token:
+        return None
+    return replace(row, status="free", lease_until=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared plumbing of the SQL backends.
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def check_identifier(name: str, what: str = "table") -> str:
+    """Table names are spliced into SQL, so only plain identifiers are accepted."""
+    if not _IDENT.fullmatch(name):
+        raise ConfigError(f"{what} name {name!r} is not a plain SQL identifier")
+    return name
+
+
+C = TypeVar("C")
+
+
+class PerThread(Generic[C]):
+    """One connection per thread (and per process), all closed together.
+
+    Why per thread: handlers run on worker threads, and a transaction that holds the effect and
+    the done-mark must own its connection for its whole length; a shared connection would mix
+    two handlers' statements into one transaction. Why per process: a forked child must not
+    talk over its parent's socket or SQLite handle.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], C],
+        closer: Callable[[C], None],
+        alive: Callable[[C], bool] = lambda _c: True,
+    ) -> None:
+        self._factory = factory
+        self._closer = closer
+        self._alive = alive
+        self._local = threading.local()
+        self._all: list[C] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pid = os.getpid()
+
+    def get(self) -> C:
+        if os.getpid() != self._pid:  # forked: forget (never close) the parent's connections
+            with self._lock:
+                self._pid, self._all, self._local = os.getpid(), [], threading.local()
+        conn: C | None = getattr(self._local, "conn", None)
+        if conn is not None and not self._alive(conn):
+            self._discard(conn)
+            conn = None
+        if conn is None:
+            with self._lock:
+                if self._closed:
+                    raise ConfigError("the idempotency store is closed")
+            conn = self._factory()
+            with self._lock:
+                self._all.append(conn)
+            self._local.conn = conn
+        return conn
+
+    def _discard(self, conn: C) -> None:
+        self._local.conn = None
+        with self._lock:
+            if conn in self._all:
+                self._all.remove(conn)
+        with contextlib.suppress(Exception):
+            self._closer(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(Exception):  # best effort: nothing left to protect
+                self._closer(conn)
+
+
+SqlC = TypeVar("SqlC", bound=SqlConnection)
+
+_COLUMNS = "owner, token, status, lease_until, details, done_at"
+
+
+class SqlLeaseStore(Generic[SqlC]):
+    """The lease protocol and the transactional form over one SQL table.
+
+    The SQLite and PostgreSQL stores differ only in how they connect, begin a transaction and
+    lock a row; everything else (the decisions above, the statements) is here, once. Every
+    operation is read-decide-write inside one transaction with the key's row locked: a missing
+    key first gets a placeholder row (token 0, free) so that even a brand-new key is locked and
+    two racing claims serialize instead of both inserting.
+    """
+
+    #: SQL parameter marker of the driver.
+    _mark = "?"
+    #: Appended to the locking SELECT (PostgreSQL: row lock; SQLite locks the whole database).
+    _for_update = ""
+
+    def __init__(self, table: str, conns: PerThread[SqlC]) -> None:
+        self.table = check_identifier(table)
+        self._conns = conns
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def _begin(self) -> AbstractContextManager[SqlC]:
+        raise NotImplementedError
+
+    # -- statements ------------------------------------------------------------------------
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", self._mark).replace("{t}", self.table)
+
+    def _lock(self, conn: SqlC, key: str, *, create: bool) -> LeaseRow | None:
+        if create:
+            conn.execute(
+                self._sql(
+                    "INSERT INTO {t} (key, owner, token, status, lease_until) "
+                    "VALUES (?, NULL, 0, 'free', 0) ON CONFLICT (key) DO NOTHING"
+                ),
+                (key,),
+            )
+        cur = conn.execute(
+            self._sql(f"SELECT {_COLUMNS} FROM {{t}} WHERE key = ?{self._for_update}"), (key,)
+        )
+        return rows_to_lease(cur.fetchone())
+
+    def _store(self, conn: SqlC, key: str, row: LeaseRow) -> None:
+        conn.execute(
+            self._sql(
+                "UPDATE {t} SET owner = ?, token = ?, status = ?, lease_until = ?, details = ?, "
+                "done_at = ? WHERE key = ?"
+            ),
+            (row.owner, row.token, row.status, row.lease_until, row.details, row.done_at, key),
+        )
+
+    def _read(self, key: str) -> LeaseRow | None:
+        conn = self._conns.get()
+        cur = conn.execute(self._sql(f"SELECT {_COLUMNS} FROM {{t}} WHERE key = ?"), (key,))
+        return rows_to_lease(cur.fetchone())
+
+    # -- IdempotencyStore ------------------------------------------------------------------
+
+    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
+        validate_claim_args(key, owner, lease_s)
+        with self._begin() as conn:
+            row = self._lock(conn, key, create=True)
+            claim, new = decide_claim(row, key, owner, lease_s, now)
+            if new is not None:
+                self._store(conn, key, new)
+        return claim
+
+    def heartbeat(
+        self, key: str, token: int, details: bytes | None, lease_s: float, now: float
+    ) -> None:
+        with self._begin() as conn:
+            row = self._lock(conn, key, create=False)
+            self._store(conn, key, decide_heartbeat(row, key, token, details, lease_s, now))
+
+    def complete(self, key: str, token: int, now: float) -> None:
+        with self._begin() as conn:
+            new = decide_complete(self._lock(conn, key, create=False), key, token, now)
+            if new is not None:
+                self._store(conn, key, new)
+
+    def release(self, key: str, token: int) -> None:
+        with self._begin() as conn:
+            new = decide_release(self._lock(conn, key, create=False), token)
+            if new is not None:
+                self._store(conn, key, new)
+
+    def details(self, key: str) -> bytes | None:
+        row = self._read(key)
+        return None if row is None else row.details
+
+    def is_done(self, key: str) -> bool:
+        row = self._read(key)
+        return row is not None and row.status == "done"
+
+    def close(self) -> None:
+        self._conns.close()
+
+    # -- the transactional form ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, key: str, token: int, now: float | None = None) -> Iterator[SqlC]:
+        with self._begin() as conn:
+            row = check_fence(self._lock(conn, key, create=False), key, token, "transaction on")
+            yield conn
+            self._store(conn, key, replace(row, status="done", done_at=now))
+
+    def apply_once(self, key: str, fn: Callable[[SqlC], object], now: float | None = None) -> bool:
+        if not key:
+            raise ConfigError("an idempotency key must not be empty")
+        with self._begin() as conn:
+            row = self._lock(conn, key, create=True)
+            assert row is not None  # the placeholder insert guarantees a row
+            if row.status == "done":
+                return False
+            fn(conn)
+            # A new token fences out any lease holder on the key: its complete() now fails.
+            self._store(conn, key, replace(row, token=row.token + 1, status="done", done_at=now))
+            return True
+
+    def atomic(self) -> AbstractContextManager[SqlC]:
+        return self._begin()
+
+
+def rows_to_lease(row: Sequence[Any] | None) -> LeaseRow | None:
+    """(owner, token, status, lease_until, details, done_at) from a SELECT, as a LeaseRow."""
+    if row is None:
+        return None
+    owner, token, status, lease_until, details, done_at = row
+    if status not in ("leased", "free", "done"):
+        raise ConfigError(f"corrupt idempotency row: status {status!r}")
+    return LeaseRow(
+        owner=owner,
+        token=int(token),
+        status=status,
+        lease_until=float(lease_until),
+        details=None if details is None else bytes(details),
+        done_at=None if done_at is None else float(done_at),
+    )

@@ -1,0 +1,338 @@
+"""The failure headers kworkers writes on retry and DLQ records, and reads back.
+
+Values are UTF-8 text (decimal integers; times as epoch milliseconds) so an operator can read
+them with any console tool. Every header we read is validated: a record whose headers are
+garbage fails with ``HeaderError``, which is a ``DecodeError`` and so goes to the DLQ at once
+instead of being retried by a worker that can never understand it.
+
+The first source record is the identity of a failure: ``kw-original-*`` and
+``kw-first-failure-at`` are copied from hop to hop, never replaced by the tier record's own
+coordinates. DLQ records also carry the headers Spring for Apache Kafka's
+``DeadLetterPublishingRecoverer`` writes, byte for byte, so existing DLT tooling can read them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kworkers.errors import DecodeError
+from kworkers.message import Headers, Message
+from kworkers.retry_tiers.routing import DeadLetterDecision, RetryDecision
+
+ATTEMPT = "kw-attempt"
+ORIGINAL_TOPIC = "kw-original-topic"
+ORIGINAL_PARTITION = "kw-original-partition"
+ORIGINAL_OFFSET = "kw-original-offset"
+ORIGINAL_TIMESTAMP = "kw-original-timestamp"
+GROUP = "kw-group"
+FIRST_FAILURE_AT = "kw-first-failure-at"
+LAST_FAILURE_AT = "kw-last-failure-at"
+ERROR_TYPE = "kw-error-type"
+ERROR_MESSAGE = "kw-error-message"
+DUE_AT = "kw-due-at"
+DEAD_LETTERED_AT = "kw-dead-lettered-at"
+DLQ_REASON = "kw-dlq-reason"
+REDRIVE_OF = "kw-redrive-of"
+TRACEPARENT = "traceparent"
+
+SPRING_ORIGINAL_TOPIC = "kafka_dlt-original-topic"
+SPRING_ORIGINAL_PARTITION = "kafka_dlt-original-partition"
+SPRING_ORIGINAL_OFFSET = "kafka_dlt-original-offset"
+SPRING_ORIGINAL_TIMESTAMP = "kafka_dlt-original-timestamp"
+SPRING_ORIGINAL_CONSUMER_GROUP = "kafka_dlt-original-consumer-group"
+SPRING_EXCEPTION_FQCN = "kafka_dlt-exception-fqcn"
+SPRING_EXCEPTION_MESSAGE = "kafka_dlt-exception-message"
+
+#: Prefixes of the headers we own: stripped from a record before we write ours, so a record
+#: that hops through tiers carries one current set, not a growing pile.
+OWN_PREFIXES = ("kw-", "kafka_dlt-")
+
+#: Any single header value we write is cut to this many bytes (at a UTF-8 boundary).
+MAX_HEADER_VALUE = 4096
+
+_SHOWN_VALUE = 64
+_INT = re.compile(rb"-?[0-9]{1,19}")
+T = TypeVar("T")
+
+_NO_TIMESTAMP = -1  # what Kafka (and so Spring) reports for a record without a timestamp
+
+
+class HeaderError(DecodeError):
+    """A kworkers header is missing or cannot be parsed; the message names header and value."""
+
+    def __init__(self, header: str, problem: str, value: bytes | None = None) -> None:
+        shown = "" if value is None else f", got {_show(value)}"
+        super().__init__(f"header {header!r}: {problem}{shown}", type="HeaderError")
+        self.header = header
+        self.value = value
+
+
+@dataclass(frozen=True)
+class FailureInfo:
+    """What the kw-* headers of a retry or DLQ record say about its failure so far.
+
+    ``attempt`` is the attempt the record will run as on a retry record, and the attempts
+    made on a DLQ record. Times are seconds since the epoch.
+    """
+
+    original_topic: str
+    original_partition: int
+    original_offset: int
+    original_timestamp_ms: int | None
+    group: str
+    attempt: int
+    first_failure_at: float
+    last_failure_at: float
+    error_type: str
+    error_message: str
+    due_at: float | None
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def _show(value: bytes) -> str:
+    try:
+        return repr(value.decode("utf-8")[:_SHOWN_VALUE])
+    except UnicodeDecodeError:
+        return repr(value[:_SHOWN_VALUE])
+
+
+def last_value(headers: Headers, name: str) -> bytes | None:
+    """The last value of ``name``: Kafka allows repeats; as in ``Message.header``, the last wins."""
+    for k, v in reversed(headers):
+        if k == name:
+            return v
+    return None
+
+
+def _int(headers: Headers, name: str, *, minimum: int | None = None) -> int | None:
+    raw = last_value(headers, name)
+    if raw is None:
+        return None
+    # A strict pattern, not int(): int() would accept " 2", "+2" and "1_0", which no writer of
+    # ours produces, and an 19-digit bound keeps the value an int64 like Kafka's own fields.
+    if not _INT.fullmatch(raw):
+        raise HeaderError(name, "expected a decimal integer", raw)
+    n = int(raw)
+    if minimum is not None and n < minimum:
+        raise HeaderError(name, f"expected an integer >= {minimum}", raw)
+    return n
+
+
+def _text(headers: Headers, name: str) -> str | None:
+    raw = last_value(headers, name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HeaderError(name, "expected UTF-8 text", raw) from None
+
+
+def _time(headers: Headers, name: str) -> float | None:
+    ms = _int(headers, name)
+    return None if ms is None else ms / 1000
+
+
+def _need(value: T | None, name: str) -> T:
+    if value is None:
+        raise HeaderError(name, "missing")
+    return value
+
+
+def attempt_of(headers: Headers) -> int:
+    """The attempt a record runs as: 1 for a record that never failed."""
+    raw = last_value(headers, ATTEMPT)
+    if raw is None:
+        return 1
+    if not _INT.fullmatch(raw) or int(raw) < 1:
+        raise HeaderError(ATTEMPT, "expected a positive integer", raw)
+    return int(raw)
+
+
+def due_at_of(headers: Headers) -> float | None:
+    """When a retry record is due, in seconds; None for a record with no due time."""
+    return _time(headers, DUE_AT)
+
+
+def dead_lettered_at_of(headers: Headers) -> float | None:
+    """When a DLQ record was dead-lettered, in seconds; None when absent."""
+    return _time(headers, DEAD_LETTERED_AT)
+
+
+def dlq_reason_of(headers: Headers) -> str | None:
+    """Why a DLQ record was dead-lettered (``exhausted``, ``non_retryable``); None when absent."""
+    return _text(headers, DLQ_REASON)
+
+
+def check_due(due_at: float, now: float, max_ahead: float) -> float:
+    """``due_at`` if it is plausible; a past (or negative) due time just means "due now".
+
+    A due time further ahead than any tier's delay (plus slack, the caller's ``max_ahead``)
+    is a bug or a forged header: it would park the record in the timer heap for good, so it
+    is refused as non-retryable instead.
+    """
+    if due_at - now > max_ahead:
+        raise HeaderError(
+            DUE_AT,
+            f"due {due_at - now:.3f} s from now, more than the {max_ahead:g} s allowed",
+            str(_ms_up(due_at)).encode(),
+        )
+    return due_at
+
+
+def failure_of(headers: Headers) -> FailureInfo | None:
+    """The failure a retry or DLQ record carries; None for a record that never failed."""
+    topic = _text(headers, ORIGINAL_TOPIC)
+    if topic is None:
+        return None
+    _need(last_value(headers, ATTEMPT), ATTEMPT)  # absent means 1 elsewhere, not here
+    return FailureInfo(
+        original_topic=topic,
+        original_partition=_need(_int(headers, ORIGINAL_PARTITION, minimum=0), ORIGINAL_PARTITION),
+        original_offset=_need(_int(headers, ORIGINAL_OFFSET, minimum=0), ORIGINAL_OFFSET),
+        original_timestamp_ms=_int(headers, ORIGINAL_TIMESTAMP),
+        group=_need(_text(headers, GROUP), GROUP),
+        attempt=attempt_of(headers),
+        first_failure_at=_need(_time(headers, FIRST_FAILURE_AT), FIRST_FAILURE_AT),
+        last_failure_at=_need(_time(headers, LAST_FAILURE_AT), LAST_FAILURE_AT),
+        error_type=_need(_text(headers, ERROR_TYPE), ERROR_TYPE),
+        error_message=_need(_text(headers, ERROR_MESSAGE), ERROR_MESSAGE),
+        due_at=due_at_of(headers),
+    )
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def _enc(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) <= MAX_HEADER_VALUE:
+        return raw
+    # Cut at a character boundary: a consumer decoding strictly must not choke on our header.
+    return raw[:MAX_HEADER_VALUE].decode("utf-8", "ignore").encode("utf-8")
+
+
+def _ms(t: float) -> int:
+    return round(t * 1000)
+
+
+def _ms_up(t: float) -> int:
+    # Rounded up so a due time read back is never early; the epsilon keeps float noise
+    # (0.1 * 3 * 1000 == 300.00000000000006) from costing a whole millisecond.
+    return math.ceil(t * 1000 - 1e-6)
+
+
+def user_headers(headers: Headers) -> Headers:
+    """The headers that are not ours (including ``traceparent``), in their original order."""
+    return tuple((k, v) for k, v in headers if not k.startswith(OWN_PREFIXES))
+
+
+@dataclass(frozen=True)
+class _Origin:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    first_failure_at: float | None
+
+
+def _origin(msg: Message) -> _Origin:
+    try:
+        info = failure_of(msg.headers)
+    except HeaderError:
+        # The record is on its way to the DLQ because of these very headers (HeaderError is
+        # non-retryable); refusing to write its DLQ headers would wedge the partition.
+        info = None
+    if info is None:
+        return _Origin(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, None)
+    return _Origin(
+        info.original_topic,
+        info.original_partition,
+        info.original_offset,
+        info.original_timestamp_ms,
+        info.first_failure_at,
+    )
+
+
+def _failure(
+    msg: Message, group: str, attempt: int, error_type: str, error_message: str, now: float
+) -> tuple[_Origin, list[tuple[str, bytes]]]:
+    o = _origin(msg)
+    out: list[tuple[str, bytes]] = [
+        (ATTEMPT, str(attempt).encode()),
+        (ORIGINAL_TOPIC, _enc(o.topic)),
+        (ORIGINAL_PARTITION, str(o.partition).encode()),
+        (ORIGINAL_OFFSET, str(o.offset).encode()),
+    ]
+    if o.timestamp_ms is not None:
+        out.append((ORIGINAL_TIMESTAMP, str(o.timestamp_ms).encode()))
+    first = now if o.first_failure_at is None else o.first_failure_at
+    out += [
+        (GROUP, _enc(group)),
+        (FIRST_FAILURE_AT, str(_ms(first)).encode()),
+        (LAST_FAILURE_AT, str(_ms(now)).encode()),
+        (ERROR_TYPE, _enc(error_type)),
+        (ERROR_MESSAGE, _enc(error_message)),
+    ]
+    # A redriven record keeps naming the dead letter it came from until it is redriven again.
+    redrive_of = last_value(msg.headers, REDRIVE_OF)
+    if redrive_of is not None:
+        out.append((REDRIVE_OF, redrive_of[:MAX_HEADER_VALUE]))
+    return o, out
+
+
+def _join(msg: Message, own: Iterable[tuple[str, bytes]]) -> Headers:
+    return (*user_headers(msg.headers), *own)
+
+
+def retry_headers(msg: Message, group: str, decision: RetryDecision, now: float) -> Headers:
+    """Headers for ``msg`` handed to a retry tier: user headers, then the failure so far."""
+    _, own = _failure(
+        msg, group, decision.next_attempt, decision.error_type, decision.error_message, now
+    )
+    own.append((DUE_AT, str(_ms_up(decision.due_at)).encode()))
+    return _join(msg, own)
+
+
+def dead_letter_headers(
+    msg: Message, group: str, decision: DeadLetterDecision, now: float
+) -> Headers:
+    """Headers for ``msg`` handed to the DLQ: the failure, then Spring's DLT aliases."""
+    o, own = _failure(
+        msg, group, decision.attempts, decision.error_type, decision.error_message, now
+    )
+    own += [
+        (DEAD_LETTERED_AT, str(_ms(now)).encode()),
+        (DLQ_REASON, decision.reason.encode()),
+        (SPRING_ORIGINAL_TOPIC, _enc(o.topic)),
+        (SPRING_ORIGINAL_PARTITION, struct.pack(">i", o.partition)),
+        (SPRING_ORIGINAL_OFFSET, struct.pack(">q", o.offset)),
+        (
+            SPRING_ORIGINAL_TIMESTAMP,
+            struct.pack(">q", _NO_TIMESTAMP if o.timestamp_ms is None else o.timestamp_ms),
+        ),
+        (SPRING_ORIGINAL_CONSUMER_GROUP, _enc(group)),
+        (SPRING_EXCEPTION_FQCN, _enc(decision.error_type)),
+        (SPRING_EXCEPTION_MESSAGE, _enc(decision.error_message)),
+    ]
+    return _join(msg, own)
+
+
+def redrive_headers(dead: Message) -> Headers:
+    """Headers to replay a dead letter from scratch: attempt 1, with a link to the dead letter.
+
+    The failure headers go, so the replay gets a fresh retry budget and, if it fails again,
+    its own first failure; user headers (and the trace context) stay so the trace continues.
+    """
+    return (
+        *user_headers(dead.headers),
+        (ATTEMPT, b"1"),
+        (REDRIVE_OF, _enc(f"{dead.topic}/{dead.partition}/{dead.offset}")),
+    )

@@ -1,0 +1,99 @@
+"""Helpers for tests, benchmarks and the demo: produce numbered records, read committed offsets."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from kworkers.admin import TopicSpec, admin_client, create_topics
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def make_topic(bootstrap: str, name: str, partitions: int = 6) -> str:
+    create_topics(admin_client(bootstrap), [TopicSpec(name, partitions)])
+    return name
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
+            headers: list[tuple[str, str | bytes | None]] | None = None) -> int:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                  "log_level": 3})
+    n = 0
+    for key, value in records:
+        while True:
+            try:
+                p.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                p.poll(0.1)
+        n += 1
+        if n % 10_000 == 0:
+            p.poll(0)
+    left = p.flush(60)
+    if left:
+        raise RuntimeError(f"{left} records not delivered to {topic}")
+    return n
+
+
+def produce_numbered(bootstrap: str, topic: str, n: int, keys: int = 16, start: int = 0) -> int:
+    """Values b"<i>", keys b"k<i % keys>": a checker can tell lost from duplicated."""
+    return produce(bootstrap, topic, ((f"k{i % keys}".encode(), str(i).encode())
+                                      for i in range(start, start + n)))
+
+
+def committed_total(bootstrap: str, group: str, topic: str, partitions: int) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return sum(max(tp.offset, 0) for tp in tps)
+    finally:
+        c.close()
+
+
+def end_offsets_total(bootstrap: str, topic: str, partitions: int) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kworkers-probe", "log_level": 3})
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in range(partitions))
+    finally:
+        c.close()
+
+
+Record = tuple[bytes | None, bytes | None, dict[str, bytes]]
+
+
+def read_all(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Record]:
+    """Everything in ``topic`` (key, value, headers), read without a group commit."""
+    import time
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "log_level": 3})
+    c.subscribe([topic])
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout
+    idle = 0
+    try:
+        while time.monotonic() < deadline:
+            batch = c.consume(500, 0.5)
+            if not batch:
+                idle += 1
+                if idle >= 3 and out:
+                    break
+                continue
+            idle = 0
+            for m in batch:
+                if m.error() is None:
+                    raw = m.headers() or []
+                    pairs = raw.items() if isinstance(raw, dict) else raw
+                    hs = {str(kv[0]): kv[1] if isinstance(kv[1], bytes) else b""
+                          for kv in pairs}
+                    out.append((m.key(), m.value(), hs))
+    finally:
+        c.close()
+    return out

@@ -1,0 +1,196 @@
+"""``Worker``: the public face of the consumer core.
+
+A worker runs two poll loops that share one handler runtime and one hand-off producer: the main
+loop on the source topics (group ``group_id``) and the retry loop on the tier topics (group
+``<group_id>.retry``), so records waiting for their due time never count as the main group's
+lag, which is what KEDA scales on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar
+
+from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
+from kworkers.clock import Clock, SystemClock
+from kworkers.config import WorkerConfig
+from kworkers.consumer.kafka import KafkaConsumerAdapter, consumer_settings, producer_settings
+from kworkers.consumer.loop import ConsumerLoop, Handler, Invoker, plain_invoke
+from kworkers.consumer.runtime import AsyncRuntime, DaemonPool
+from kworkers.errors import ConfigError
+from kworkers.metrics import Metrics
+from kworkers.retry_tiers.policy import JitterSource, SeededJitter
+from kworkers.retry_tiers.producer import KafkaSender
+from kworkers.retry_tiers.router import FailureRouter, Sender
+
+log = logging.getLogger("kworkers.worker")
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+class Worker:
+    """Consumes ``topics`` as ``group_id`` and runs the registered handler for each record.
+
+    Returning normally from the handler means the work is durable; raising hands the record to
+    a retry tier or the DLQ (see ``kworkers.retry_tiers``). Settings are those of
+    ``WorkerConfig``.
+    """
+
+    def __init__(
+        self,
+        topics: list[str] | tuple[str, ...] | str | None = None,
+        group_id: str | None = None,
+        bootstrap_servers: str | None = None,
+        *,
+        config: WorkerConfig | None = None,
+        metrics: Metrics | None = None,
+        clock: Clock | None = None,
+        jitter: JitterSource | None = None,
+        sender: Sender | None = None,
+        invoke: Invoker = plain_invoke,
+        **settings: Any,
+    ) -> None:
+        if config is None:
+            if topics is None or group_id is None:
+                raise ConfigError("Worker needs topics and group_id (or a WorkerConfig)")
+            kw: dict[str, Any] = dict(settings)
+            if bootstrap_servers is not None:
+                kw["bootstrap_servers"] = bootstrap_servers
+            if isinstance(topics, str):
+                topics = (topics,)
+            config = WorkerConfig(topics=tuple(topics), group_id=group_id, **kw)
+        elif topics is not None or group_id is not None or settings:
+            raise ConfigError("pass either a WorkerConfig or settings, not both")
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.clock = clock or SystemClock()
+        self.jitter = jitter or SeededJitter(config.jitter_seed)
+        self._sender = sender
+        self._invoke = invoke
+        self._handler: Handler | None = None
+        self._loops: list[ConsumerLoop] = []
+        self._stopping = threading.Event()
+        self._hard_stop = threading.Event()
+        self._started = threading.Event()
+
+    # ------------------------------------------------------------------ API
+
+    def handler(self, fn: H) -> H:
+        """Registers the handler (a plain or an ``async def`` function of one ``Message``)."""
+        if self._handler is not None:
+            raise ConfigError("a worker has one handler; route inside it by msg.topic")
+        self._handler = fn
+        return fn
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._loops) and all(loop.ready.is_set() for loop in self._loops)
+
+    def stop(self) -> None:
+        """Graceful stop: stop fetching, drain in-flight work, commit, leave the group."""
+        self._stopping.set()
+        for loop in self._loops:
+            loop.stop()
+
+    def topic_specs(self, partitions: int | None = None) -> list[TopicSpec]:
+        """The tier and DLQ topics this worker needs, sized like their source topics."""
+        cfg = self.config
+        have = existing_topics(admin_client(cfg.bootstrap_servers))
+        specs = []
+        for src in cfg.topics:
+            n = partitions or have.get(src, 6)
+            specs += [TopicSpec(t.topic, n) for t in cfg.tiers.tiers(src)]
+            specs.append(TopicSpec(cfg.tiers.dlq_topic(src), n))
+        return specs
+
+    def create_topics(self, partitions: int | None = None) -> list[str]:
+        return create_topics(admin_client(self.config.bootstrap_servers),
+                             self.topic_specs(partitions))
+
+    def check_topics(self) -> None:
+        cfg = self.config
+        have = existing_topics(admin_client(cfg.bootstrap_servers))
+        need = [*cfg.topics, *cfg.tier_topics(), *cfg.dlq_topics()]
+        missing = [t for t in need if t not in have]
+        if missing:
+            raise ConfigError(
+                f"topics missing on {cfg.bootstrap_servers}: {', '.join(missing)}; create them "
+                "with `kworkers topics create` or Worker.create_topics()")
+
+    def run(self, install_signals: bool = True) -> None:
+        """Blocks until SIGTERM/SIGINT or ``stop()``; returns after a clean leave."""
+        if self._handler is None:
+            raise ConfigError("no handler registered: decorate a function with @worker.handler")
+        self.check_topics()
+        cfg = self.config
+        handler = self._handler
+        is_async = _is_async(handler)
+        pool = None if is_async else DaemonPool(cfg.concurrency)
+        aio = AsyncRuntime(cfg.concurrency) if is_async else None
+        sender = self._sender or KafkaSender(producer_settings(cfg.bootstrap_servers,
+                                                               cfg.producer_config))
+        main = self._loop(cfg.group_id, cfg.topics, handler, sender, pool, aio, delayed=False)
+        tier = self._loop(cfg.retry_group_id, cfg.tier_topics(), handler, sender, pool, aio,
+                          delayed=True)
+        self._loops = [main, tier]
+        if self._stopping.is_set():
+            for loop in self._loops:
+                loop.stop()
+        restore = self._install_signals() if install_signals else None
+        tier_thread = threading.Thread(target=tier.run, name="kworkers-retry-loop", daemon=True)
+        tier_thread.start()
+        try:
+            main.run()
+        finally:
+            tier.stop()
+            tier_thread.join(timeout=cfg.drain_timeout + cfg.revoke_timeout + 10)
+            if self._sender is None and isinstance(sender, KafkaSender):
+                sender.close()
+            if pool is not None:
+                pool.shutdown()
+            if aio is not None:
+                aio.shutdown()
+            if restore is not None:
+                restore()
+            log.info("worker %s stopped", cfg.group_id)
+
+    # ------------------------------------------------------------------ internals
+
+    def _loop(self, group: str, topics: tuple[str, ...], handler: Handler, sender: Sender,
+              pool: DaemonPool | None, aio: AsyncRuntime | None, delayed: bool) -> ConsumerLoop:
+        cfg = self.config
+        consumer = KafkaConsumerAdapter(consumer_settings(
+            cfg.bootstrap_servers, group, cfg.group_protocol, cfg.consumer_config))
+        router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
+        return ConsumerLoop(cfg, consumer, topics, handler, sender, router, self.metrics,
+                            self.clock, pool, aio, self._hard_stop, delayed=delayed,
+                            invoke=self._invoke)
+
+    def _install_signals(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            if self._stopping.is_set():
+                log.warning("second signal: exiting at once")
+                os._exit(128 + signum)
+            log.info("signal %d: draining (a second signal exits at once)", signum)
+            self.stop()
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)

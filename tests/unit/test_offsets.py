@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kworkers.consumer.offsets import OffsetTracker
+
+
+def test_in_order_completion_moves_position() -> None:
+    t = OffsetTracker()
+    for o in range(5):
+        t.track(o)
+    assert t.position is None
+    t.complete(0)
+    assert t.position == 1
+    t.complete(1)
+    assert t.committable() == 2
+
+
+def test_out_of_order_waits_for_the_gap() -> None:
+    t = OffsetTracker()
+    for o in (10, 11, 12, 13):
+        t.track(o)
+    t.complete(12)
+    t.complete(13)
+    assert t.position is None  # 10 still in flight
+    t.complete(11)
+    assert t.position is None
+    t.complete(10)
+    assert t.position == 14
+    assert t.in_flight == 0
+
+
+def test_gaps_in_offsets_are_not_waited_for() -> None:
+    t = OffsetTracker()
+    for o in (3, 7, 8):  # compaction / transaction markers skip offsets
+        t.track(o)
+    t.complete(3)
+    assert t.position == 4
+    t.complete(8)
+    t.complete(7)
+    assert t.position == 9
+
+
+def test_committable_only_when_ahead_and_tracking_order_enforced() -> None:
+    t = OffsetTracker()
+    t.track(0)
+    t.complete(0)
+    assert t.committable() == 1
+    t.mark_committed(1)
+    assert t.committable() is None
+    t.mark_committed(0)  # never backwards
+    assert t.committed == 1
+    with pytest.raises(ValueError):
+        t.track(0)
+
+
+def test_duplicate_and_unknown_completions_are_ignored() -> None:
+    t = OffsetTracker()
+    t.track(5)
+    t.track(6)
+    t.complete(6)
+    t.complete(6)
+    t.complete(99)
+    t.complete(1)
+    assert t.position is None
+    t.complete(5)
+    assert t.position == 7
+
+
+@given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=200), st.randoms())
+def test_random_completion_orders_never_go_back_or_skip(gaps: list[int], rnd: random.Random) -> None:
+    offsets = []
+    o = 0
+    for g in gaps:
+        o += g
+        offsets.append(o)
+    t = OffsetTracker()
+    for off in offsets:
+        t.track(off)
+    order = offsets[:]
+    rnd.shuffle(order)
+    done: set[int] = set()
+    last = -1
+    for off in order:
+        t.complete(off)
+        done.add(off)
+        pos = t.position
+        if pos is not None:
+            assert pos >= last  # monotonic
+            last = pos
+            # everything below the position is done; the position itself is not (or past end)
+            assert all(x in done for x in offsets if x < pos)
+            nxt = [x for x in offsets if x >= pos]
+            assert not nxt or nxt[0] not in done
+    assert t.position == offsets[-1] + 1
