@@ -87,6 +87,11 @@ class Worker:
         return fn
 
     @property
+    def loops(self) -> list[ConsumerLoop]:
+        """The main loop, then the retry loop (empty before ``run``)."""
+        return list(self._loops)
+
+    @property
     def ready(self) -> bool:
         return bool(self._loops) and all(loop.ready.is_set() for loop in self._loops)
 

@@ -131,6 +131,8 @@ class ConsumerLoop:
         self._dispatches = 0
         self.ready = threading.Event()
         self.closed = threading.Event()
+        #: rebalance events as they happened ("assign" / "revoke" / "lost", partitions)
+        self.history: list[tuple[str, list[TP]]] = []
 
     # ------------------------------------------------------------------ public
 
@@ -588,6 +590,7 @@ class ConsumerLoop:
 
     def _on_assign(self, tps: list[TP]) -> None:
         self.metrics.rebalances.labels(self.group, "assign").inc()
+        self.history.append(("assign", sorted(tps)))
         for tp in tps:
             old = self.parts.get(tp)
             if old is not None:
@@ -601,6 +604,7 @@ class ConsumerLoop:
 
     def _on_revoke(self, tps: list[TP]) -> None:
         self.metrics.rebalances.labels(self.group, "revoke").inc()
+        self.history.append(("revoke", sorted(tps)))
         targets = [self.parts[tp] for tp in tps if tp in self.parts]
         for ps in targets:
             ps.stop_dispatch()
@@ -615,6 +619,7 @@ class ConsumerLoop:
     def _on_lost(self, tps: list[TP]) -> None:
         """Lost, not revoked: another member may own them already; commit nothing."""
         self.metrics.rebalances.labels(self.group, "lost").inc()
+        self.history.append(("lost", sorted(tps)))
         targets = [self.parts[tp] for tp in tps if tp in self.parts]
         for ps in targets:
             ps.stop_dispatch()

@@ -57,7 +57,16 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("BEGIN IMMEDIATE")
+            if not _has_table(conn, self.table):  # a read: no write lock unless needed
+                self._create_table(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _create_table(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
             conn.execute(
                 f"""CREATE TABLE IF NOT EXISTS {self.table} (
                     key TEXT PRIMARY KEY,
@@ -71,9 +80,9 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
             )
             conn.execute("COMMIT")
         except BaseException:
-            conn.close()
+            if _in_txn(conn):
+                conn.execute("ROLLBACK")
             raise
-        return conn
 
     @contextlib.contextmanager
     def _begin(self) -> Iterator[sqlite3.Connection]:
@@ -107,3 +116,10 @@ def _in_txn(conn: sqlite3.Connection) -> bool:
     """A call, not the attribute, so type narrowing does not outlive the statements that change
     it."""
     return conn.in_transaction
+
+
+def _has_table(conn: sqlite3.Connection, table: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    return row is not None

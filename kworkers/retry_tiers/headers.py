@@ -57,7 +57,7 @@ MAX_HEADER_VALUE = 4096
 
 _SHOWN_VALUE = 64
 _INT = re.compile(rb"-?[0-9]{1,19}")
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 _NO_TIMESTAMP = -1  # what Kafka (and so Spring) reports for a record without a timestamp
 
@@ -116,7 +116,7 @@ def _int(headers: Headers, name: str, *, minimum: int | None = None) -> int | No
     if raw is None:
         return None
     # A strict pattern, not int(): int() would accept " 2", "+2" and "1_0", which no writer of
-    # ours produces, and an 19-digit bound keeps the value an int64 like Kafka's own fields.
+    # ours produces, and a 19-digit bound keeps the value an int64 like Kafka's own fields.
     if not _INT.fullmatch(raw):
         raise HeaderError(name, "expected a decimal integer", raw)
     n = int(raw)
@@ -140,7 +140,7 @@ def _time(headers: Headers, name: str) -> float | None:
     return None if ms is None else ms / 1000
 
 
-def _need(value: T | None, name: str) -> T:
+def _need(value: _T | None, name: str) -> _T:
     if value is None:
         raise HeaderError(name, "missing")
     return value

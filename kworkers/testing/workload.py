@@ -97,3 +97,23 @@ def read_all(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Record]:
     finally:
         c.close()
     return out
+
+
+def produce_steady(bootstrap: str, topic: str, n: int, per_second: float, keys: int = 16,
+                   stop: object = None) -> int:
+    """Numbered records at a steady rate (``stop``: an Event that ends production early)."""
+    import time
+
+    chunk = max(1, int(per_second / 10))
+    sent = 0
+    t0 = time.monotonic()
+    while sent < n:
+        if stop is not None and getattr(stop, "is_set", lambda: False)():
+            break
+        k = min(chunk, n - sent)
+        produce_numbered(bootstrap, topic, k, keys=keys, start=sent)
+        sent += k
+        ahead = sent / per_second - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    return sent

@@ -359,44 +359,36 @@ def test_threads_racing_on_one_store_acquire_once(store: IdempotencyStore) -> No
 # --- processes: races and crashes -------------------------------------------------------------
 
 
-def _race_claims(spec: Spec, keys: list[str], now: float, barrier: Any, out: Any) -> None:
+def _race_claims(spec: Spec, rounds: list[tuple[str, float]], barrier: Any, out: Any) -> None:
     store = spec.open()
     me = f"pid{os.getpid()}"
     try:
-        for key in keys:
+        for key, now in rounds:
             barrier.wait(60)
             c = store.claim(key, me, 60, now=now)
-            out.put((key, c.state.value, c.token, me))
+            out.put((key, now, c.state.value, c.token))
     finally:
         store.close()
-
-
-def _run_race(spec: Spec, keys: list[str], now: float, n: int) -> list[tuple[str, str, int, str]]:
-    barrier = SPAWN.Barrier(n)
-    out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_race_claims, args=(spec, keys, now, barrier, out)) for _ in range(n)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in range(n * len(keys))]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    return results
 
 
 def test_processes_racing_to_claim_exactly_one_acquires(spec: Spec) -> None:
     n, keys = 6, [f"race/{i}" for i in range(15)]
     spec.open().close()  # create the schema up front: the race is about claims
-    first = _run_race(spec, keys, now=1000.0, n=n)
-    for key in keys:
-        states = sorted(s for k, s, _t, _o in first if k == key)
-        assert states == ["acquired"] + ["busy"] * (n - 1), key
-    # Every lease has expired: the takeover is a race too, and exactly one wins it.
-    second = _run_race(spec, keys, now=2000.0, n=n)
-    for key in keys:
-        won = [(t, o) for k, s, t, o in second if k == key and s == "acquired"]
-        assert len(won) == 1, key
-        assert won[0][0] == 2
+    # First fresh keys; then, every lease having expired, the takeover is a race too.
+    rounds = [(k, 1000.0) for k in keys] + [(k, 2000.0) for k in keys]
+    barrier, out = SPAWN.Barrier(n), SPAWN.Queue()
+    args = (spec, rounds, barrier, out)
+    procs = [SPAWN.Process(target=_race_claims, args=args) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in range(n * len(rounds))]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    for key, now in rounds:
+        got = sorted((s, t) for k, w, s, t in results if (k, w) == (key, now))
+        token = 1 if now == 1000.0 else 2
+        assert got == [("acquired", token)] + [("busy", token)] * (n - 1), (key, now)
 
 
 def _claim_then_hang(spec: Spec, key: str, claimed: Any) -> None:
@@ -576,7 +568,8 @@ def _race_apply(spec: Spec, key: str, barrier: Any, out: Any) -> None:
 def test_processes_racing_apply_once_apply_exactly_once(sql_spec: Spec, sql_store: Any) -> None:
     n = 6
     barrier, out = SPAWN.Barrier(n), SPAWN.Queue()
-    procs = [SPAWN.Process(target=_race_apply, args=(sql_spec, KEY, barrier, out)) for _ in range(n)]
+    args = (sql_spec, KEY, barrier, out)
+    procs = [SPAWN.Process(target=_race_apply, args=args) for _ in range(n)]
     for p in procs:
         p.start()
     applied = sorted(out.get(timeout=120) for _ in range(n))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from kworkers.retry_tiers.tiers import Tier, TierLadder, source_topic_of
 
 from kworkers.errors import ConfigError
+from kworkers.retry_tiers.tiers import Tier, TierLadder, source_topic_of
 
 
 def test_default_ladder_names() -> None:
