@@ -1,5 +1,7 @@
 """kworkers: pools of Kafka consumer workers that never lose work nor apply an effect twice."""
 
+from kworkers.config import WorkerConfig
+from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import (
     ActivityFailure,
     ConfigError,
@@ -12,8 +14,6 @@ from kworkers.errors import (
     failure_type,
     is_non_retryable,
 )
-from kworkers.config import WorkerConfig
-from kworkers.consumer.commit import CommitPolicy
 from kworkers.message import Message
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder

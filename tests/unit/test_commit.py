@@ -35,7 +35,9 @@ class Script:
             raise step("injected")
 
     def run(self):  # type: ignore[no-untyped-def]
-        return commit_with_retry(self.commit, lambda e: isinstance(e, Retryable), self.sleeps.append)
+        return commit_with_retry(
+            self.commit, lambda e: isinstance(e, Retryable), self.sleeps.append
+        )
 
 
 def test_success_first_time() -> None:

@@ -72,7 +72,9 @@ def test_duplicate_and_unknown_completions_are_ignored() -> None:
 
 
 @given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=200), st.randoms())
-def test_random_completion_orders_never_go_back_or_skip(gaps: list[int], rnd: random.Random) -> None:
+def test_random_completion_orders_never_go_back_or_skip(
+    gaps: list[int], rnd: random.Random
+) -> None:
     offsets = []
     o = 0
     for g in gaps:
