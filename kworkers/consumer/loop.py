@@ -171,7 +171,7 @@ class ConsumerLoop:
         self._backpressure()
         now = self.clock.monotonic()
         if self.config.commit.should_commit(now, self._last_commit, self._since_commit):
-            self._commit(list(self.parts.values()))
+            self._commit(list(self.parts.values()), "periodic")
             self._last_commit = now
 
     def _poll_timeout(self) -> float:
@@ -193,7 +193,17 @@ class ConsumerLoop:
         if left:
             log.warning("drain deadline reached with %d records in flight; they will be "
                         "redelivered", left)
-        self._commit(list(self.parts.values()))
+        # The last commit before leaving decides whether the next owner redelivers anything.
+        # A rebalance in progress (other members bouncing) refuses commits until it settles,
+        # and it only settles if this member keeps polling: so poll between attempts.
+        deadline = self.clock.monotonic() + self.config.revoke_timeout
+        while True:
+            if self._commit(list(self.parts.values()), "drain") is not CommitOutcome.FAILED:
+                break
+            if self.clock.monotonic() >= deadline:
+                break
+            self.consumer.poll_batch(self.config.consume_batch, 0.2)
+            self._apply_completions()
 
     def _in_flight_runnable(self) -> int:
         waiting = len(self.buffer) if self.buffer is not None else 0
@@ -561,7 +571,7 @@ class ConsumerLoop:
 
     # ------------------------------------------------------------------ commits
 
-    def _commit(self, targets: list[PartitionState]) -> None:
+    def _commit(self, targets: list[PartitionState], why: str) -> CommitOutcome | None:
         positions: dict[TP, int] = {}
         for ps in targets:
             pos = ps.tracker.committable()
@@ -569,7 +579,7 @@ class ConsumerLoop:
                 positions[ps.tp] = pos
         self._since_commit = 0
         if not positions:
-            return
+            return None
         result = commit_with_retry(lambda: self.consumer.commit(positions),
                                    self.consumer.is_retryable, time.sleep)
         if result.outcome is CommitOutcome.COMMITTED:
@@ -579,12 +589,13 @@ class ConsumerLoop:
             self.metrics.commits.labels(self.group).inc()
         elif result.outcome is CommitOutcome.UNCERTAIN:
             self.metrics.commit_uncertain.labels(self.group).inc()
-            log.warning("commit outcome uncertain after %d attempts (%s); a redelivery may "
-                        "follow", result.attempts, result.error)
+            log.warning("%s commit outcome uncertain after %d attempts (%s); a redelivery may "
+                        "follow", why, result.attempts, result.error)
         else:
             self.metrics.commit_failures.labels(self.group).inc()
-            log.warning("commit failed after %d attempts (%s); left to the next commit or a "
-                        "redelivery", result.attempts, result.error)
+            log.warning("%s commit failed after %d attempts (%s); left to the next commit or "
+                        "a redelivery", why, result.attempts, result.error)
+        return result.outcome
 
     # ------------------------------------------------------------------ rebalance
 
@@ -612,7 +623,7 @@ class ConsumerLoop:
         while any(ps.busy() for ps in targets) and time.monotonic() < deadline:
             self._apply_completions(block=0.02)
         self._apply_completions()
-        self._commit(targets)
+        self._commit(targets, "revoke")
         self._forget(targets)
         log.info("%s revoked %s", self.group, sorted(tps))
 

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.slow_ms / 1000)
             effect(msg)
 
+    worker.create_topics()  # idempotent; several workers may race to it
     print("worker ready", flush=True)
     worker.run()
     print("worker stopped cleanly", flush=True)

@@ -1,0 +1,56 @@
+"""Worker processes a fault test can start, SIGTERM and SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class WorkerProcess:
+    def __init__(self, args: Sequence[str], log_dir: Path, name: str,
+                 cwd: str | None = None) -> None:
+        self.args = [sys.executable, *args]
+        self.log_path = log_dir / f"{name}.log"
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> WorkerProcess:
+        self.starts += 1
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log.write(f"--- start {self.starts}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=self.cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     start_new_session=True)
+        log.close()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> int:
+        """SIGKILL: no drain, no commit, no leave; the group notices after session.timeout."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        return self.proc.wait(30)
+
+    def terminate(self, timeout: float = 90.0) -> int:
+        """SIGTERM: the worker drains, commits and leaves; returns its exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def log(self) -> str:
+        return self.log_path.read_text("utf-8", "replace") if self.log_path.exists() else ""
