@@ -41,6 +41,8 @@ Completion = tuple[PartitionState, list[int], int, int, float]
 
 POLL_TIMEOUT = 0.1
 HANDOFF_TIMEOUT = 60.0
+#: a runner reports completions at least this often within a long batch
+PARTIAL_POST_S = 0.05
 
 
 class ConsumerPort(Protocol):
@@ -131,6 +133,8 @@ class ConsumerLoop:
         self._dispatches = 0
         self.ready = threading.Event()
         self.closed = threading.Event()
+        #: how commit retries wait (a seam: tests record the waits instead of sleeping)
+        self.sleep: Callable[[float], None] = time.sleep
         #: rebalance events as they happened ("assign" / "revoke" / "lost", partitions)
         self.history: list[tuple[str, list[TP]]] = []
 
@@ -193,6 +197,7 @@ class ConsumerLoop:
         if left:
             log.warning("drain deadline reached with %d records in flight; they will be "
                         "redelivered", left)
+        self._collect_unreported(list(self.parts.values()))
         # The last commit before leaving decides whether the next owner redelivers anything.
         # A rebalance in progress (other members bouncing) refuses commits until it settles,
         # and it only settles if this member keeps polling: so poll between attempts.
@@ -322,6 +327,7 @@ class ConsumerLoop:
         handler = self.handler
         invoke = self.invoke
         done: list[int] = []
+        lane.done = done
         retried = dead = 0
         if timed_out is not None:  # the watchdog took this lane from a stuck runner
             outcome = self._fail(ps, timed_out, TimeoutError(
@@ -364,6 +370,13 @@ class ConsumerLoop:
                     if timed and lane.incarnation != inc:
                         break  # late result of a record the deadline already routed: fenced
                 done.append(msg.offset)
+                if time.perf_counter() - t0 > PARTIAL_POST_S:
+                    # A slow batch: report what is done so far, so a revoke or a crash soon
+                    # after does not redeliver the fast records ahead of the slow one.
+                    self._done.put((ps, done, retried, dead, time.perf_counter() - t0))
+                    done, retried, dead = [], 0, 0
+                    lane.done = done
+                    t0 = time.perf_counter()
             elapsed = time.perf_counter() - t0
             if timed and lane.incarnation != inc:
                 self._done.put((ps, done, retried, dead, elapsed))
@@ -375,6 +388,7 @@ class ConsumerLoop:
                 return
             self._done.put((ps, done, retried, dead, elapsed))
             done, retried, dead = [], 0, 0
+            lane.done = done
             nxt = self._next_batch(lane, inc)
             if nxt is None:
                 return
@@ -398,6 +412,7 @@ class ConsumerLoop:
         invoke = self.invoke
         while True:
             done: list[int] = []
+            lane.done = done
             retried = dead = 0
             t0 = time.perf_counter()
             stopped = False
@@ -427,6 +442,11 @@ class ConsumerLoop:
                     else:
                         dead += 1
                 done.append(msg.offset)
+                if time.perf_counter() - t0 > PARTIAL_POST_S:
+                    self._done.put((ps, done, retried, dead, time.perf_counter() - t0))
+                    done, retried, dead = [], 0, 0
+                    lane.done = done
+                    t0 = time.perf_counter()
             elapsed = time.perf_counter() - t0
             if stopped:
                 self._finish(lane, inc, done, retried, dead, elapsed, stop=True)
@@ -581,7 +601,7 @@ class ConsumerLoop:
         if not positions:
             return None
         result = commit_with_retry(lambda: self.consumer.commit(positions),
-                                   self.consumer.is_retryable, time.sleep)
+                                   self.consumer.is_retryable, self.sleep)
         if result.outcome is CommitOutcome.COMMITTED:
             for ps in targets:
                 if ps.tp in positions:
@@ -623,9 +643,18 @@ class ConsumerLoop:
         while any(ps.busy() for ps in targets) and time.monotonic() < deadline:
             self._apply_completions(block=0.02)
         self._apply_completions()
+        self._collect_unreported(targets)
         self._commit(targets, "revoke")
         self._forget(targets)
         log.info("%s revoked %s", self.group, sorted(tps))
+
+    @staticmethod
+    def _collect_unreported(targets: list[PartitionState]) -> None:
+        """Completes offsets a runner still stuck on a later record finished but not reported."""
+        for ps in targets:
+            for lane in ps.all_lanes():
+                for offset in list(lane.done):
+                    ps.tracker.complete(offset)
 
     def _on_lost(self, tps: list[TP]) -> None:
         """Lost, not revoked: another member may own them already; commit nothing."""

@@ -34,8 +34,8 @@ class Lane:
     runner (take the next batch, or go idle); everything else is the runner's own.
     """
 
-    __slots__ = ("batch", "current", "incarnation", "lock", "part", "pos", "queue", "running",
-                 "started")
+    __slots__ = ("batch", "current", "done", "incarnation", "lock", "part", "pos", "queue",
+                 "running", "started")
 
     def __init__(self, part: PartitionState) -> None:
         self.part = part
@@ -49,6 +49,9 @@ class Lane:
         self.started = 0.0
         self.batch: list[Item] = []
         self.pos = 0
+        #: offsets the current runner finished but has not reported yet; a revoke reads it so
+        #: records done ahead of a slow one are committed, not redelivered
+        self.done: list[int] = []
 
 
 class PartitionState:

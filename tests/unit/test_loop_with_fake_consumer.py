@@ -1,0 +1,216 @@
+"""The poll loop against a scripted consumer: exact commit sequences, fencing, no re-runs.
+
+A fake consumer here is not a mocked broker: these are unit tests of the loop's own logic
+(the same scenarios run against the real broker in tests/integration and tests/faults).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+
+import pytest
+
+from kworkers.clock import SystemClock
+from kworkers.config import WorkerConfig
+from kworkers.consumer.commit import CommitPolicy
+from kworkers.consumer.loop import ConsumerLoop
+from kworkers.consumer.runtime import DaemonPool
+from kworkers.message import Headers, Message
+from kworkers.metrics import Metrics
+from kworkers.retry_tiers.policy import RetryPolicy, no_jitter
+from kworkers.retry_tiers.router import FailureRouter
+from kworkers.retry_tiers.tiers import TierLadder
+
+TP = tuple[str, int]
+
+
+class Retryable(Exception):
+    pass
+
+
+class Permanent(Exception):
+    pass
+
+
+class ScriptedConsumer:
+    group = "g"
+
+    def __init__(self, records: list[Message], commit_script: list[type[Exception] | None]):
+        self.records = list(records)
+        self.commit_script = list(commit_script)
+        self.commits: list[tuple[dict[TP, int], str]] = []
+        self.paused: set[TP] = set()
+        self.on_assign: Callable[[list[TP]], None] | None = None
+        self.on_revoke: Callable[[list[TP]], None] | None = None
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def subscribe(self, topics: Iterable[str], on_assign: Callable[[list[TP]], None],
+                  on_revoke: Callable[[list[TP]], None],
+                  on_lost: Callable[[list[TP]], None]) -> None:
+        self.on_assign, self.on_revoke = on_assign, on_revoke
+        on_assign(sorted({(m.topic, m.partition) for m in self.records}))
+
+    def poll_batch(self, n: int, timeout: float) -> list[Message]:
+        with self.lock:
+            out = [m for m in self.records[:n] if (m.topic, m.partition) not in self.paused]
+            self.records = [m for m in self.records if m not in out]
+        if not out:
+            time.sleep(min(timeout, 0.01))
+        return out
+
+    def commit(self, positions: dict[TP, int]) -> None:
+        step = self.commit_script.pop(0) if self.commit_script else None
+        self.commits.append((dict(positions), "ok" if step is None else step.__name__))
+        if step is not None:
+            raise step("injected")
+
+    def pause(self, tps: list[TP]) -> None:
+        self.paused |= set(tps)
+
+    def resume(self, tps: list[TP]) -> None:
+        self.paused -= set(tps)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, Retryable)
+
+
+class RecordingSender:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None]] = []
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None,
+             headers: Headers) -> Future[None]:
+        self.sent.append((topic, value))
+        f: Future[None] = Future()
+        f.set_result(None)
+        return f
+
+
+def _msgs(n: int, partition: int = 0) -> list[Message]:
+    return [Message("t", partition, o, b"k", str(o).encode()) for o in range(n)]
+
+
+def _loop(consumer: ScriptedConsumer, handler: Callable[[Message], None],
+          **cfg: object) -> tuple[ConsumerLoop, list[float], Metrics]:
+    config = WorkerConfig(topics=("t",), group_id="g", **cfg)  # type: ignore[arg-type]
+    metrics = Metrics()
+    router = FailureRouter(RetryPolicy(), TierLadder(), "g", no_jitter, SystemClock())
+    loop = ConsumerLoop(config, consumer, ["t"], handler, RecordingSender(), router, metrics,
+                        SystemClock(), DaemonPool(2), None, threading.Event())
+    sleeps: list[float] = []
+    loop.sleep = sleeps.append
+    return loop, sleeps, metrics
+
+
+def _run_until(loop: ConsumerLoop, cond: Callable[[], bool]) -> None:
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.stop()
+    t.join(30)
+    assert not t.is_alive()
+
+
+def _counting() -> tuple[Counter[int], Callable[[Message], None]]:
+    calls: Counter[int] = Counter()
+
+    def handle(msg: Message) -> None:
+        calls[msg.offset] += 1
+
+    return calls, handle
+
+
+@pytest.mark.parametrize(
+    ("script", "expected", "uncertain", "failures"),
+    [
+        ([Retryable] * 4, ["Retryable"] * 4 + ["ok"], 0, 0),  # success on the 5th attempt
+        ([Retryable] * 5, ["Retryable"] * 5, 0, 1),  # five retryable: give up
+        ([Permanent], ["Permanent"], 0, 1),  # permanent on the first attempt
+        ([Retryable, Permanent], ["Retryable", "Permanent"], 1, 0),  # uncertain
+    ],
+)
+def test_commit_failures_are_retried_in_place_without_rerunning_handlers(
+    script: list[type[Exception]], expected: list[str], uncertain: int, failures: int
+) -> None:
+    consumer = ScriptedConsumer(_msgs(10), script)
+    calls, handle = _counting()
+    loop, sleeps, metrics = _loop(consumer, handle,
+                                  commit=CommitPolicy(interval_s=3600, max_completions=10))
+    _run_until(loop, lambda: len(consumer.commits) >= len(expected))
+    first = [outcome for _pos, outcome in consumer.commits[: len(expected)]]
+    assert first == expected
+    # every attempt of the sequence carried the same offsets
+    assert {tuple(p.items()) for p, _ in consumer.commits[: len(expected)]} == {(( ("t", 0), 10),)}
+    waits = [0.1, 0.2, 0.4, 0.8][: max(0, len([e for e in expected if e == "Retryable"]))]
+    if "Permanent" in expected and "Retryable" not in expected:
+        waits = []
+    assert sleeps[: len(waits)] == waits
+    assert max(calls.values()) == 1 and len(calls) == 10  # no handler ran again
+    assert metrics.commit_uncertain.labels("g")._value.get() == uncertain
+    assert metrics.commit_failures.labels("g")._value.get() >= failures
+
+
+def test_revoke_commits_what_completed_and_fences_late_results() -> None:
+    consumer = ScriptedConsumer(_msgs(3), [])
+    release = threading.Event()
+    started = threading.Event()
+    calls: Counter[int] = Counter()
+
+    def handle(msg: Message) -> None:
+        calls[msg.offset] += 1
+        if msg.offset == 1:
+            started.set()
+            release.wait(10)
+
+    loop, _sleeps, metrics = _loop(consumer, handle, revoke_timeout=0.3)
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    assert started.wait(10)
+    # revoke while offset 1 is still running: only offset 0 may be committed
+    assert consumer.on_revoke is not None
+    consumer.on_revoke([("t", 0)])
+    assert consumer.commits[-1] == ({("t", 0): 1}, "ok")
+    release.set()
+    time.sleep(0.3)
+    loop.stop()
+    t.join(10)
+    assert calls[2] == 0  # queued behind the revoke: never dispatched
+    assert all(p != {("t", 0): 2} for p, _ in consumer.commits)  # the late result was fenced
+    assert metrics.fenced.labels("g")._value.get() >= 1
+
+
+def test_backpressure_pauses_and_resumes_a_partition() -> None:
+    consumer = ScriptedConsumer(_msgs(40), [])
+    gate = threading.Event()
+    paused_seen: list[bool] = []
+
+    def handle(msg: Message) -> None:
+        if msg.offset == 0:
+            gate.wait(10)
+
+    loop, _sleeps, _metrics = _loop(consumer, handle, max_in_flight_per_partition=10,
+                                    consume_batch=10)
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while ("t", 0) not in consumer.paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    paused_seen.append(("t", 0) in consumer.paused)
+    gate.set()
+    deadline = time.monotonic() + 10
+    while (consumer.records or ("t", 0) in consumer.paused) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.stop()
+    t.join(10)
+    assert paused_seen == [True]
+    assert not consumer.records  # resumed and drained
