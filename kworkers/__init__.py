@@ -1,5 +1,6 @@
 """kworkers: pools of Kafka consumer workers that never lose work nor apply an effect twice."""
 
+from kworkers import activity
 from kworkers.config import WorkerConfig
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import (
@@ -34,6 +35,7 @@ __all__ = [
     "TierLadder",
     "Worker",
     "WorkerConfig",
+    "activity",
     "failure_type",
     "is_non_retryable",
 ]

@@ -16,13 +16,16 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
 
+from kworkers.activity import ActivityInvoker
 from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
 from kworkers.clock import Clock, SystemClock
 from kworkers.config import WorkerConfig
 from kworkers.consumer.kafka import KafkaConsumerAdapter, consumer_settings, producer_settings
-from kworkers.consumer.loop import ConsumerLoop, Handler, Invoker, plain_invoke
+from kworkers.consumer.loop import ConsumerLoop, Handler, Invoker
 from kworkers.consumer.runtime import AsyncRuntime, DaemonPool
+from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError
+from kworkers.idempotency.store import IdempotencyStore
 from kworkers.metrics import Metrics
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
 from kworkers.retry_tiers.producer import KafkaSender
@@ -51,7 +54,10 @@ class Worker:
         clock: Clock | None = None,
         jitter: JitterSource | None = None,
         sender: Sender | None = None,
-        invoke: Invoker = plain_invoke,
+        invoke: Invoker | None = None,
+        idempotency: IdempotencyStore | None = None,
+        codec: EnvelopeCodec | None = None,
+        lease_s: float = 30.0,
         **settings: Any,
     ) -> None:
         if config is None:
@@ -70,7 +76,8 @@ class Worker:
         self.clock = clock or SystemClock()
         self.jitter = jitter or SeededJitter(config.jitter_seed)
         self._sender = sender
-        self._invoke = invoke
+        self._invoke: Invoker = invoke or ActivityInvoker(idempotency, codec, lease_s,
+                                                          self.clock)
         self._handler: Handler | None = None
         self._loops: list[ConsumerLoop] = []
         self._stopping = threading.Event()

@@ -89,7 +89,15 @@ ensure_kafka() {
   say "Kafka image: $KWORKERS_KAFKA_IMAGE"
 }
 
+source "$ROOT/scripts/services.sh"
+
 ensure_all() {
   ensure_python
   ensure_kafka
+}
+
+# PostgreSQL and Redis for the idempotency-store tests (Debian packages, loopback only).
+ensure_stores() {
+  ensure_postgres
+  ensure_redis
 }

@@ -2,7 +2,8 @@
 #   source scripts/services.sh; ensure_postgres; ensure_redis
 # Each function installs the Debian package when missing, starts a private server on a port
 # of its own (so it never collides with a system service), skips whatever already runs, and
-# exports the URL the tests read (KWORKERS_PG_DSN, KWORKERS_REDIS_URL). Expects to run as root;
+# exports the URL the tests read (KWORKERS_PG_DSN, KWORKERS_REDIS_URL); a URL already set that
+# answers is used as it is (an external server). Expects to run as root;
 # PostgreSQL itself runs as user postgres because it refuses to run as root.
 
 KW_PG_PORT=${KW_PG_PORT:-55432}
@@ -43,6 +44,11 @@ _kw_pg_bindir() {
 
 ensure_postgres() {
   local bindir data log
+  if [ -n "${KWORKERS_PG_DSN:-}" ] && command -v psql >/dev/null 2>&1 \
+      && psql "$KWORKERS_PG_DSN" -tAc 'SELECT 1' >/dev/null 2>&1; then
+    _kw_say "using the PostgreSQL at KWORKERS_PG_DSN=$KWORKERS_PG_DSN"
+    return 0
+  fi
   bindir=$(_kw_pg_bindir)
   if [ -z "$bindir" ]; then
     _kw_apt_install postgresql || { _kw_say "could not install postgresql"; return 1; }
@@ -86,6 +92,11 @@ _kw_redis_up() {
 }
 
 ensure_redis() {
+  if [ -n "${KWORKERS_REDIS_URL:-}" ] && command -v redis-cli >/dev/null 2>&1 \
+      && [ "$(redis-cli -u "$KWORKERS_REDIS_URL" ping 2>/dev/null)" = PONG ]; then
+    _kw_say "using the Redis at KWORKERS_REDIS_URL=$KWORKERS_REDIS_URL"
+    return 0
+  fi
   export KWORKERS_REDIS_URL="redis://127.0.0.1:$KW_REDIS_PORT/0"
   command -v redis-server >/dev/null 2>&1 || _kw_apt_install redis-server \
     || { _kw_say "could not install redis-server"; return 1; }

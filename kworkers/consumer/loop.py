@@ -12,6 +12,7 @@ for their in-flight records, apply completions, commit synchronously, then drop 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import threading
@@ -43,6 +44,23 @@ POLL_TIMEOUT = 0.1
 HANDOFF_TIMEOUT = 60.0
 #: a runner reports completions at least this often within a long batch
 PARTIAL_POST_S = 0.05
+
+
+_current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
+    "kworkers_lane", default=None)
+
+
+def current_lane_hooks() -> tuple[Callable[[], None] | None, Callable[[], bool]]:
+    """For the activity context: (extend this record's deadline, is its partition revoked)."""
+    lane = _current_lane.get()
+    if lane is None:
+        return None, lambda: False
+    part = lane.part
+
+    def touch() -> None:
+        lane.started = time.monotonic()
+
+    return touch, lambda: part.revoking
 
 
 class ConsumerPort(Protocol):
@@ -326,6 +344,7 @@ class ConsumerLoop:
         timed = self.config.message_timeout is not None
         handler = self.handler
         invoke = self.invoke
+        _current_lane.set(lane)
         done: list[int] = []
         lane.done = done
         retried = dead = 0
@@ -405,6 +424,7 @@ class ConsumerLoop:
 
     async def _run_async(self, lane: Lane, batch: list[Item], inc: int) -> None:
         assert self.aio is not None
+        _current_lane.set(lane)
         ps = lane.part
         sem = self.aio.semaphore
         timeout = self.config.message_timeout

@@ -48,9 +48,19 @@ SPRING_ORIGINAL_CONSUMER_GROUP = "kafka_dlt-original-consumer-group"
 SPRING_EXCEPTION_FQCN = "kafka_dlt-exception-fqcn"
 SPRING_EXCEPTION_MESSAGE = "kafka_dlt-exception-message"
 
-#: Prefixes of the headers we own: stripped from a record before we write ours, so a record
-#: that hops through tiers carries one current set, not a growing pile.
-OWN_PREFIXES = ("kw-", "kafka_dlt-")
+#: The failure headers we own: stripped from a record before we write ours, so a record that
+#: hops through tiers carries one current set, not a growing pile. Other ``kw-`` headers (the
+#: activity ids ``kw-workflow-id`` / ``kw-activity-id``) belong to the record and travel with it.
+OWN_HEADERS = frozenset({
+    ATTEMPT, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP, GROUP,
+    FIRST_FAILURE_AT, LAST_FAILURE_AT, ERROR_TYPE, ERROR_MESSAGE, DUE_AT, DEAD_LETTERED_AT,
+    DLQ_REASON, REDRIVE_OF,
+})
+OWN_PREFIXES = ("kafka_dlt-",)
+
+
+def is_own(name: str) -> bool:
+    return name in OWN_HEADERS or name.startswith(OWN_PREFIXES)
 
 #: Any single header value we write is cut to this many bytes (at a UTF-8 boundary).
 MAX_HEADER_VALUE = 4096
@@ -231,7 +241,7 @@ def _ms_up(t: float) -> int:
 
 def user_headers(headers: Headers) -> Headers:
     """The headers that are not ours (including ``traceparent``), in their original order."""
-    return tuple((k, v) for k, v in headers if not k.startswith(OWN_PREFIXES))
+    return tuple((k, v) for k, v in headers if not is_own(k))
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,15 @@ from kworkers.retry_tiers.headers import (
     dead_letter_headers,
     failure_of,
     retry_headers,
+    user_headers,
 )
 from kworkers.retry_tiers.policy import JitterSource, RetryPolicy
-from kworkers.retry_tiers.routing import DeadLetterDecision, RetryDecision, route
+from kworkers.retry_tiers.routing import (
+    MAX_ERROR_MESSAGE,
+    DeadLetterDecision,
+    RetryDecision,
+    route,
+)
 from kworkers.retry_tiers.tiers import TierLadder, source_topic_of
 
 
@@ -68,9 +74,8 @@ class FailureRouter:
         except HeaderError as bad:
             # The record's own kworkers headers are corrupt: it cannot be retried faithfully.
             dead = DeadLetterDecision(msg.attempt, "non_retryable", failure_type(bad),
-                                      failure_message(bad)[:1000])
-            clean = msg._replace(headers=tuple(
-                (k, v) for k, v in msg.headers if not k.startswith(("kw-", "kafka_dlt-"))))
+                                      failure_message(bad)[:MAX_ERROR_MESSAGE])
+            clean = msg._replace(headers=user_headers(msg.headers))
             return self._hand_off(clean, dead, source, now)
 
     def _hand_off(self, msg: Message, decision: RetryDecision | DeadLetterDecision,

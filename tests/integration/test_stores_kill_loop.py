@@ -113,4 +113,5 @@ def test_flaky_pool_under_sigkill_applies_each_effect_exactly_once(spec: Spec) -
     assert sorted(counts) == sorted(keys)
     assert {k: c for k, c in counts.items() if c != 1} == {}
     assert kills > 0
+    assert takeovers[0] > 0, "no kill ever cost a lease: the takeover path went untested"
     print(f"{kills} SIGKILLs, {takeovers[0]} keys taken over after a lost lease")

@@ -359,14 +359,51 @@ def test_threads_racing_on_one_store_acquire_once(store: IdempotencyStore) -> No
 # --- processes: races and crashes -------------------------------------------------------------
 
 
-def _race_claims(spec: Spec, rounds: list[tuple[str, float]], barrier: Any, out: Any) -> None:
+def _child(body: Callable[..., Any], args: tuple[Any, ...], barrier: Any, out: Any) -> None:
+    """Runs in a spawned process: reports the body's result, or its traceback, to the parent
+    (and breaks the barrier, so siblings fail fast instead of waiting out the timeout)."""
+    import traceback
+
+    try:
+        out.put(("ok", body(*args, barrier)))
+    except BaseException:
+        barrier.abort()
+        out.put(("error", traceback.format_exc()))
+
+
+def _in_processes(n: int, body: Callable[..., Any], *args: Any) -> list[Any]:
+    """``body(*args, barrier)`` in ``n`` spawned processes; their results, in no order."""
+    barrier, out = SPAWN.Barrier(n), SPAWN.Queue()
+    procs = [SPAWN.Process(target=_child, args=(body, args, barrier, out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        reports = [out.get(timeout=240) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    errors = [r for kind, r in reports if kind == "error"]
+    if errors:
+        pytest.fail("a child process failed:\n" + errors[0])
+    return [r for _kind, r in reports]
+
+
+# A barrier timeout bounds a hung test only: spawning under load can take a while.
+BARRIER_S = 200
+
+
+def _race_claims(spec: Spec, rounds: list[tuple[str, float]], barrier: Any) -> list[Any]:
     store = spec.open()
     me = f"pid{os.getpid()}"
     try:
+        results = []
         for key, now in rounds:
-            barrier.wait(60)
+            barrier.wait(BARRIER_S)
             c = store.claim(key, me, 60, now=now)
-            out.put((key, now, c.state.value, c.token))
+            results.append((key, now, c.state.value, c.token))
+        return results
     finally:
         store.close()
 
@@ -376,15 +413,7 @@ def test_processes_racing_to_claim_exactly_one_acquires(spec: Spec) -> None:
     spec.open().close()  # create the schema up front: the race is about claims
     # First fresh keys; then, every lease having expired, the takeover is a race too.
     rounds = [(k, 1000.0) for k in keys] + [(k, 2000.0) for k in keys]
-    barrier, out = SPAWN.Barrier(n), SPAWN.Queue()
-    args = (spec, rounds, barrier, out)
-    procs = [SPAWN.Process(target=_race_claims, args=args) for _ in range(n)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in range(n * len(rounds))]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = [r for rs in _in_processes(n, _race_claims, spec, rounds) for r in rs]
     for key, now in rounds:
         got = sorted((s, t) for k, w, s, t in results if (k, w) == (key, now))
         token = 1 if now == 1000.0 else 2
@@ -402,7 +431,10 @@ def _kill_when(event: Any, target: Callable[..., None], *args: Any) -> None:
     proc = SPAWN.Process(target=target, args=(*args, event))
     proc.start()
     try:
-        assert event.wait(60), "the child never reached the crash point"
+        deadline = time.monotonic() + BARRIER_S
+        while not event.wait(0.5):
+            assert proc.is_alive(), f"the child died before the crash point ({proc.exitcode})"
+            assert time.monotonic() < deadline, "the child never reached the crash point"
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
         proc.join(30)
@@ -556,25 +588,18 @@ def test_apply_once_sigkill_between_effect_and_mark(sql_spec: Spec, sql_store: A
     assert effect_count(sql_store, sql_spec, KEY) == 1
 
 
-def _race_apply(spec: Spec, key: str, barrier: Any, out: Any) -> None:
+def _race_apply(spec: Spec, key: str, barrier: Any) -> bool:
     store: Any = spec.open()
     try:
-        barrier.wait(60)
-        out.put(store.apply_once(key, effect(spec, key)))
+        barrier.wait(BARRIER_S)
+        return bool(store.apply_once(key, effect(spec, key)))
     finally:
         store.close()
 
 
 def test_processes_racing_apply_once_apply_exactly_once(sql_spec: Spec, sql_store: Any) -> None:
     n = 6
-    barrier, out = SPAWN.Barrier(n), SPAWN.Queue()
-    args = (sql_spec, KEY, barrier, out)
-    procs = [SPAWN.Process(target=_race_apply, args=args) for _ in range(n)]
-    for p in procs:
-        p.start()
-    applied = sorted(out.get(timeout=120) for _ in range(n))
-    for p in procs:
-        p.join(60)
+    applied = sorted(_in_processes(n, _race_apply, sql_spec, KEY))
     assert applied == [False] * (n - 1) + [True]
     assert effect_count(sql_store, sql_spec, KEY) == 1
 

@@ -1,0 +1,194 @@
+"""The activity context a handler reads: its idempotency key, attempt and heartbeat checkpoint.
+
+    from kworkers import activity
+    activity.idempotency_key()   # "<workflow_id>/<activity_id>", the same on every attempt
+    activity.attempt()           # 1 on first delivery, +1 per retry, 1 again after a redrive
+    activity.heartbeat_details() # bytes from the last heartbeat of an earlier attempt, or None
+    activity.record_heartbeat(b"ckpt-3")  # checkpoint; also extends the message deadline
+
+The key comes from the record, never from the attempt, the worker or the offset: the ids travel
+in the Avro task envelope (when the worker has a codec) or in ``kw-workflow-id`` /
+``kw-activity-id`` headers. With an ``IdempotencyStore`` the invoker claims the key with a lease
+before the handler runs: a key already done is skipped (the redelivery is absorbed), a key
+leased by a live attempt elsewhere is retried later, an expired lease is taken over with the
+last heartbeat details. The handler's effect must itself be keyed (a unique constraint, or
+``apply_once`` in the store's transaction): the lease makes "claim, then work" safe against a
+worker dying between the two, the key makes the effect happen once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kworkers.clock import Clock, SystemClock
+from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers
+from kworkers.errors import ConfigError, DecodeError, FencedError, RetryableError
+from kworkers.idempotency.store import ClaimState, IdempotencyStore
+from kworkers.message import Message
+
+
+@dataclass
+class _Context:
+    msg: Message
+    key: str | None
+    task: ActivityTask | None
+    details: bytes | None
+    token: int | None
+    attempt: int
+    store: IdempotencyStore | None
+    lease_s: float
+    clock: Clock
+    touch: Callable[[], None] | None
+    fenced: Callable[[], bool]
+    heartbeats: int = 0
+
+
+_current: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
+    "kworkers_activity", default=None)
+
+
+def _ctx() -> _Context:
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("no activity context: call this from inside a kworkers handler")
+    return ctx
+
+
+def idempotency_key() -> str:
+    ctx = _ctx()
+    if ctx.key is None:
+        raise DecodeError(
+            "this record carries no activity ids: send an Avro task envelope or the "
+            "kw-workflow-id and kw-activity-id headers", type="MissingActivityIds")
+    return ctx.key
+
+
+def attempt() -> int:
+    """The record's attempt; a takeover of a crashed attempt's expired lease counts as one more."""
+    return _ctx().attempt
+
+
+def task() -> ActivityTask | None:
+    """The decoded task envelope, when the worker has a codec."""
+    return _ctx().task
+
+
+def heartbeat_details() -> bytes | None:
+    return _ctx().details
+
+
+def record_heartbeat(details: bytes) -> None:
+    """Checkpoints ``details`` with the key, extends the lease and the message deadline.
+
+    Refused (``FencedError``) once the partition was revoked or another attempt took the lease.
+    """
+    ctx = _ctx()
+    if ctx.fenced():
+        raise FencedError(f"partition of {ctx.key} was revoked: heartbeat refused")
+    ctx.details = details
+    ctx.heartbeats += 1
+    if ctx.store is not None and ctx.key is not None and ctx.token is not None:
+        ctx.store.heartbeat(ctx.key, ctx.token, details, ctx.lease_s, ctx.clock.now())
+    if ctx.touch is not None:
+        ctx.touch()
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class ActivityInvoker:
+    """An ``Invoker`` for the poll loop: sets the activity context around each handler call."""
+
+    def __init__(self, store: IdempotencyStore | None = None, codec: EnvelopeCodec | None = None,
+                 lease_s: float = 30.0, clock: Clock | None = None,
+                 busy_retry: bool = True) -> None:
+        if lease_s <= 0:
+            raise ConfigError(f"lease_s: must be > 0, got {lease_s}")
+        self.store = store
+        self.codec = codec
+        self.lease_s = lease_s
+        self.clock = clock or SystemClock()
+        self.owner = _owner()
+        self.busy_retry = busy_retry
+        self.skipped = 0
+
+    def _prepare(self, msg: Message) -> tuple[str | None, ActivityTask | None]:
+        if self.codec is not None:
+            t = self.codec.decode(msg.value)  # DecodeError: non-retryable, to the DLQ
+            return t.idempotency_key, t
+        ids = ids_from_headers(msg.headers)
+        return (f"{ids[0]}/{ids[1]}" if ids else None), None
+
+    def _claim(self, key: str | None) -> tuple[int | None, bytes | None, bool, bool]:
+        """(token, details, skip, takeover)."""
+        if self.store is None or key is None:
+            return None, None, False, False
+        claim = self.store.claim(key, self.owner, self.lease_s, self.clock.now())
+        if claim.state is ClaimState.DONE:
+            self.skipped += 1
+            return None, None, True, False
+        if claim.state is ClaimState.BUSY:
+            raise RetryableError("LeaseBusy", f"{key} is being worked on by a live attempt")
+        return claim.token, claim.details, False, claim.takeover
+
+    def _context(self, msg: Message, key: str | None, t: ActivityTask | None, token: int | None,
+                  details: bytes | None, takeover: bool) -> _Context:
+        from kworkers.consumer import loop as _loop
+
+        lane_touch, fenced = _loop.current_lane_hooks()
+        n = msg.attempt + (1 if takeover else 0)
+        return _Context(msg, key, t, details, token, n, self.store, self.lease_s, self.clock,
+                        lane_touch, fenced)
+
+    def _done(self, ctx: _Context, ok: bool) -> None:
+        if self.store is None or ctx.key is None or ctx.token is None:
+            return
+        if ok:
+            self.store.complete(ctx.key, ctx.token, self.clock.now())
+        else:
+            self.store.release(ctx.key, ctx.token)
+
+    def __call__(self, handler: Callable[[Message], Any], msg: Message) -> Any:
+        if inspect.iscoroutinefunction(handler):
+            return self._call_async(handler, msg)
+        key, t = self._prepare(msg)
+        token, details, skip, takeover = self._claim(key)
+        if skip:
+            return None
+        ctx = self._context(msg, key, t, token, details, takeover)
+        reset = _current.set(ctx)
+        try:
+            result = handler(msg)
+        except BaseException:
+            self._done(ctx, ok=False)
+            raise
+        finally:
+            _current.reset(reset)
+        self._done(ctx, ok=True)
+        return result
+
+    async def _call_async(self, handler: Callable[[Message], Any], msg: Message) -> Any:
+        key, t = self._prepare(msg)
+        token, details, skip, takeover = await asyncio.to_thread(self._claim, key)
+        if skip:
+            return None
+        ctx = self._context(msg, key, t, token, details, takeover)
+        reset = _current.set(ctx)
+        try:
+            result = await handler(msg)
+        except BaseException:
+            await asyncio.to_thread(self._done, ctx, False)
+            raise
+        finally:
+            _current.reset(reset)
+        await asyncio.to_thread(self._done, ctx, True)
+        return result

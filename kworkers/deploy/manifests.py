@@ -1,0 +1,347 @@
+"""Kubernetes and KEDA manifests for a worker pool, rendered from its ``WorkerConfig``.
+
+Why render instead of templating: the numbers that must agree (the grace period and the drain
+deadline, ``maxReplicaCount`` and the partition count, the consumer groups KEDA watches and the
+ones the worker joins, the tier topic names) are all derived from one ``WorkerConfig``, so
+they cannot drift apart the way hand-edited YAML does.
+
+One Deployment runs both of a worker's poll loops (the main group on the source topics and
+``<group>.retry`` on the tier topics: ``Worker.run`` always starts both), so one ScaledObject
+scales it, with one trigger per source topic for the main group and one per tier topic for the
+retry group. The retry triggers set ``excludePersistentLag``: records waiting for their due
+time keep a tier partition's committed offset still, which KEDA then leaves out of the scaling
+metric while still counting it for activation, so waiting retries keep one pod alive (someone
+has to run them when due) but never grow the pool. KEDA allows one ScaledObject per workload,
+so a second ScaledObject for the retry group would need a second Deployment that runs only the
+retry loop, which ``Worker`` cannot do yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kworkers.config import WorkerConfig
+from kworkers.deploy import env as envvars
+from kworkers.deploy.yamltext import dump
+from kworkers.errors import ConfigError
+from kworkers.keda import ScalerSettings
+
+KEDA_API = "keda.sh/v1alpha1"
+#: seconds SIGTERM handling may need beyond the drain and revoke deadlines: closing the
+#: consumer (a last commit, leaving the group) and flushing the hand-off producer
+GRACE_MARGIN_S = 15
+#: KEDA's default lagThreshold (10) asks for a pod per ten records behind; a worker runs
+#: ``concurrency`` handlers at once and fetches in batches of hundreds, so 100 is the default
+#: here (it is only the per-pod target: the pod count is still capped at the partition count)
+DEFAULT_SCALER = ScalerSettings(lag_threshold=100, offset_reset_policy="earliest")
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Container requests and limits (Kubernetes quantity strings).
+
+    A worker's memory is bounded by ``max_in_flight`` fetched records plus the retry loop's
+    ``delay_buffer``; the defaults fit the default bounds with 1 KiB records.
+    """
+
+    cpu_request: str = "250m"
+    memory_request: str = "256Mi"
+    cpu_limit: str = "1"
+    memory_limit: str = "512Mi"
+
+
+@dataclass(frozen=True)
+class _Names:
+    app: str
+    namespace: str
+
+    @property
+    def configmap(self) -> str:
+        return f"{self.app}-config"
+
+    @property
+    def auth(self) -> str:
+        return f"{self.app}-kafka-auth"
+
+    def selector(self) -> dict[str, str]:
+        """The Deployment's selector: immutable once applied, so only the stable labels."""
+        return {"app.kubernetes.io/name": self.app, "app.kubernetes.io/component": "worker"}
+
+    def labels(self) -> dict[str, str]:
+        return {**self.selector(), "app.kubernetes.io/managed-by": "kworkers"}
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "labels": self.labels()}
+
+
+def grace_period(config: WorkerConfig) -> int:
+    """``terminationGracePeriodSeconds``: the drain deadline, a revoke's deadline (a rebalance
+    can be running when SIGTERM comes) and a margin for the last commit and leaving the group.
+    Anything shorter and the kubelet's SIGKILL cuts a drain short: redeliveries, not losses."""
+    return math.ceil(config.drain_timeout + config.revoke_timeout) + GRACE_MARGIN_S
+
+
+def _command_target(module: str) -> str:
+    if not _MODULE.fullmatch(module):
+        raise ConfigError(f"module: expected 'package.module' or 'package.module:worker', got "
+                          f"{module!r}")
+    return module if ":" in module else f"{module}:worker"
+
+
+def manifests(
+    config: WorkerConfig,
+    *,
+    image: str,
+    app: str,
+    module: str,
+    partitions: int,
+    namespace: str = "default",
+    max_replicas: int | None = None,
+    min_replicas: int = 0,
+    metrics_port: int = 9100,
+    sasl_secret: str | None = None,
+    scaler: ScalerSettings | None = None,
+    resources: Resources | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The manifests as objects, keyed by the file they are written to (see ``render``)."""
+    for what, name in (("app", app), ("namespace", namespace)):
+        if len(name) > 50 or not _DNS_LABEL.fullmatch(name):
+            raise ConfigError(f"{what}: a DNS-1123 label of at most 50 characters (names get "
+                              f"suffixes), got {name!r}")
+    if sasl_secret is not None and (len(sasl_secret) > 253 or not _DNS_LABEL.fullmatch(
+            sasl_secret.replace(".", "-"))):
+        raise ConfigError(f"sasl_secret: not a valid Secret name: {sasl_secret!r}")
+    if not image or any(c.isspace() for c in image):
+        raise ConfigError(f"image: expected an image reference, got {image!r}")
+    if not isinstance(partitions, int) or partitions < 1:
+        raise ConfigError(f"partitions: must be >= 1, got {partitions!r}")
+    top = partitions if max_replicas is None else max_replicas
+    if top > partitions:
+        raise ConfigError(
+            f"max_replicas={top} > {partitions} partitions: a consumer beyond the partition "
+            "count owns nothing and sits idle; add partitions instead")
+    if top < 1 or not 0 <= min_replicas <= top:
+        raise ConfigError(f"replica bounds: need 0 <= min_replicas <= max_replicas >= 1, got "
+                          f"{min_replicas}..{top}")
+    if not 1 <= metrics_port <= 65535:
+        raise ConfigError(f"metrics_port: 1..65535, got {metrics_port}")
+    scaler = scaler or DEFAULT_SCALER
+    if scaler.allow_idle_consumers:
+        raise ConfigError("scaler: allowIdleConsumers would let KEDA run idle consumers")
+    names = _Names(app, namespace)
+    files = {
+        "k8s/configmap.yaml": _configmap(config, names, sasl_secret is not None),
+        "k8s/deployment.yaml": _deployment(config, names, image, _command_target(module),
+                                           metrics_port, sasl_secret, resources or Resources()),
+        "keda/scaledobject.yaml": _scaledobject(config, names, scaler, min_replicas, top,
+                                                sasl_secret is not None),
+    }
+    if sasl_secret is not None:
+        files["keda/triggerauthentication.yaml"] = _triggerauth(names, sasl_secret)
+    return files
+
+
+def render(config: WorkerConfig, **kwargs: Any) -> dict[str, str]:
+    """File name (``k8s/...`` or ``keda/...``) -> YAML text, for ``kworkers deploy render``.
+
+    Arguments as ``manifests``: ``image``, ``app`` (names every object), ``module``
+    (``package.module[:attr]`` holding the ``Worker``), ``partitions`` (of the source topics:
+    ``maxReplicaCount`` may not exceed it; ``ConfigError`` otherwise), ``namespace``,
+    ``max_replicas`` (default: ``partitions``), ``min_replicas`` (0: scale to zero),
+    ``metrics_port``, ``sasl_secret`` (a Secret with ``username`` and ``password`` keys),
+    ``scaler`` (``ScalerSettings``), ``resources``.
+    """
+    objs = manifests(config, **kwargs)
+    return {name: dump(obj, _COMMENTS[name]) for name, obj in objs.items()}
+
+
+# ---------------------------------------------------------------------- objects
+
+
+def _configmap(config: WorkerConfig, names: _Names, sasl: bool) -> dict[str, Any]:
+    data = envvars.config_env(config)
+    if sasl:
+        data[envvars.SECURITY_PROTOCOL] = "SASL_PLAINTEXT"
+        data[envvars.SASL_MECHANISM] = "PLAIN"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": names.meta(names.configmap),
+        "data": data,
+    }
+
+
+def _deployment(config: WorkerConfig, names: _Names, image: str, target: str, port: int,
+                sasl_secret: str | None, res: Resources) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["kworkers"],
+        "args": ["run", target, "--metrics-port", str(port)],
+        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        "envFrom": [{"configMapRef": {"name": names.configmap}}],
+    }
+    if sasl_secret is not None:
+        container["env"] = [
+            {"name": var, "valueFrom": {"secretKeyRef": {"name": sasl_secret, "key": key}}}
+            for var, key in ((envvars.SASL_USERNAME, "username"),
+                             (envvars.SASL_PASSWORD, "password"))
+        ]
+    container |= {
+        "resources": {
+            "requests": {"cpu": res.cpu_request, "memory": res.memory_request},
+            "limits": {"cpu": res.cpu_limit, "memory": res.memory_limit},
+        },
+        # /healthz answers while the process serves HTTP, draining included, so a liveness
+        # failure never cuts a drain short
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        # /readyz answers 200 once the worker consumes: a rolling update waits for it
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "metrics"},
+            "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    labels = names.labels()
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": names.meta(names.app),
+        "spec": {
+            # no `replicas`: KEDA (through its HPA) owns the count, and an apply must not reset it
+            "selector": {"matchLabels": names.selector()},
+            # keep consuming during a rollout: add the new pod before stopping an old one
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": grace_period(config),
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
+                                        "runAsGroup": 10001},
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def _trigger(name: str, config: WorkerConfig, group: str, topic: str,
+             settings: ScalerSettings, auth: str | None) -> dict[str, Any]:
+    meta = {
+        "bootstrapServers": config.bootstrap_servers,
+        "consumerGroup": group,
+        "topic": topic,
+        **settings.trigger_metadata(),
+    }
+    if auth is None:
+        return {"type": "kafka", "name": name, "metadata": meta}
+    meta["sasl"] = "plaintext"
+    return {"type": "kafka", "name": name, "metadata": meta,
+            "authenticationRef": {"name": auth}}
+
+
+def _trigger_name(*parts: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+
+
+def _scaledobject(config: WorkerConfig, names: _Names, scaler: ScalerSettings,
+                  min_replicas: int, max_replicas: int, sasl: bool) -> dict[str, Any]:
+    retry = dataclasses.replace(scaler, exclude_persistent_lag=True)
+    auth = names.auth if sasl else None
+    triggers = [_trigger(_trigger_name("main", t), config, config.group_id, t, scaler, auth)
+                for t in config.topics]
+    triggers += [_trigger(_trigger_name("retry", t), config, config.retry_group_id, t, retry,
+                          auth)
+                 for t in config.tier_topics()]
+    return {
+        "apiVersion": KEDA_API,
+        "kind": "ScaledObject",
+        "metadata": names.meta(names.app),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "name": names.app},
+            "pollingInterval": 30,
+            "cooldownPeriod": 300,
+            "minReplicaCount": min_replicas,
+            "maxReplicaCount": max_replicas,
+            "triggers": triggers,
+        },
+    }
+
+
+def _triggerauth(names: _Names, secret: str) -> dict[str, Any]:
+    return {
+        "apiVersion": KEDA_API,
+        "kind": "TriggerAuthentication",
+        "metadata": names.meta(names.auth),
+        "spec": {
+            "secretTargetRef": [
+                {"parameter": "username", "name": secret, "key": "username"},
+                {"parameter": "password", "name": secret, "key": "password"},
+            ],
+        },
+    }
+
+
+_COMMENTS: Mapping[str, str] = {
+    "k8s/configmap.yaml": """\
+Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
+The worker's settings as KWORKERS_* variables: `kworkers run` applies them over the worker
+module's own config (kworkers.settings). Credentials are not here: the Deployment takes them
+from the SASL Secret as KWORKERS_SASL_* variables, which kworkers.deploy.config_from_env
+turns into the client's sasl.* settings.
+""",
+    "k8s/deployment.yaml": """\
+Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
+One Deployment runs both poll loops of the worker: the main group on the source topics and
+the `<group>.retry` group on the retry-tier topics (Worker.run always starts both), so the one
+ScaledObject in keda/ scales it on both groups' lag.
+Stopping: the kubelet sends SIGTERM (no preStop hook needed); the worker stops fetching,
+drains in-flight work (drain_timeout), commits and leaves the group. The grace period is
+drain_timeout + revoke_timeout + 15 s so that SIGKILL never cuts a drain short.
+""",
+    "keda/scaledobject.yaml": """\
+Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
+KEDA allows one ScaledObject per Deployment, and one Deployment runs both loops (see
+k8s/deployment.yaml), so this one ScaledObject carries the triggers of both consumer groups;
+the HPA follows whichever trigger asks for the most replicas.
+- main-*: the main group's lag on each source topic.
+- retry-*: the retry group's lag on each tier topic, with excludePersistentLag "true": a
+  record waiting for its due time holds its partition's committed offset still, so KEDA
+  leaves that partition out of the scaling metric. Waiting retries still count for
+  activation (they keep one pod alive to run them when due) but never grow the pool.
+offsetResetPolicy is "earliest" because the worker's consumers start from the earliest offset
+when the group has no commit: KEDA then counts the whole partition as lag, as the worker will.
+maxReplicaCount is at most the partition count: a consumer beyond it owns no partition.
+""",
+    "keda/triggerauthentication.yaml": """\
+Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
+KEDA's credentials for the Kafka triggers (sasl: plaintext is set in their metadata), read
+from the same Secret the worker pods use: keys `username` and `password`.
+""",
+}

@@ -1,0 +1,296 @@
+"""Redrive: replay dead letters to their topic, each exactly once, even across a crash.
+
+Why a ledger and a transaction: an operator reruns a redrive that failed half-way (or runs the
+same one twice by mistake), and every replay is a new attempt of real work. So each dead letter
+that was replayed is written down in a compacted ledger topic, ``<dlq>.redriven``, keyed by
+``"<dlq-topic>/<partition>/<offset>"``, and the replay and its ledger marker are produced in
+one Kafka transaction:
+
+1. ``init_transactions`` with ``transactional.id = kworkers-redrive-<dlq>``. This fences any
+   other redrive of the same DLQ still running and aborts the transaction a crashed one left
+   open, so what follows sees a settled ledger.
+2. Read the ledger (``read_committed``) to its end into a set.
+3. For each selected dead letter not in the set, in batches: begin; produce the replay (the
+   original key and value, ``redrive_headers``: attempt 1 and ``kw-redrive-of``) and the
+   marker; commit.
+
+A crash before a commit aborts replays and markers together: the workers consume with
+``isolation.level=read_committed`` (librdkafka's default), so an aborted replay is never
+handled, and the rerun replays those dead letters again. After a commit both are visible, and
+the rerun skips them. Two redrives of one DLQ at once cannot both win: the second's
+``init_transactions`` fences the first, whose next commit fails.
+
+A replay to its original topic goes to its original partition, not wherever this producer's
+partitioner would put the key: librdkafka's default partitioner is not Java's, and the key's
+other records (and its order) live on the original partition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from kworkers.admin import TopicSpec, admin_client, create_topics
+from kworkers.dlq.reader import (
+    DlqContents,
+    client_conf,
+    read_dlq,
+    scan,
+    topics,
+)
+from kworkers.dlq.record import DeadLetter
+from kworkers.dlq.redrive_plan import RedriveFilter
+from kworkers.errors import ConfigError, KworkersError
+from kworkers.message import Message
+from kworkers.retry_tiers.headers import redrive_headers
+
+#: Dead letters per transaction: large enough to amortise the commit round trip, small enough
+#: that a crash costs little to redo.
+BATCH_SIZE = 100
+#: Env variable behind the hidden ``--crash-after``: exit hard after N replays, mid-transaction.
+CRASH_AFTER_ENV = "KWORKERS_REDRIVE_CRASH_AFTER"
+CRASH_EXIT_CODE = 3
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: called as replays are committed (and once at the start)."""
+
+
+class RedriveError(KworkersError):
+    """The redrive stopped: a transaction failed for good (fenced, or the broker refused)."""
+
+
+def ledger_topic(dlq: str) -> str:
+    """Where a redrive writes down what it replayed: ``<dlq>.redriven``."""
+    return f"{dlq}.redriven"
+
+
+def ledger_key(d: DeadLetter) -> str:
+    """A dead letter's identity: where it sits in the DLQ, which never changes."""
+    return f"{d.dlq_topic}/{d.dlq_partition}/{d.dlq_offset}"
+
+
+def transactional_id(dlq: str) -> str:
+    return f"kworkers-redrive-{dlq}"
+
+
+@dataclass(frozen=True)
+class RedriveSummary:
+    """What a redrive did. ``selected`` = matched the filter; of those, ``skipped_already``
+    were in the ledger and ``redriven`` were replayed now (or would be, in a dry run:
+    ``pending``). ``unreadable`` DLQ records are not kworkers dead letters and were left."""
+
+    dlq: str
+    selected: int
+    redriven: int
+    skipped_already: int
+    pending: int
+    dry_run: bool
+    unreadable: int = 0
+    targets: dict[str, int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """The summary line the CLI ends with (stable: scripts parse it)."""
+        text = (f"redriven={self.redriven} skipped_already={self.skipped_already} "
+                f"selected={self.selected}")
+        if self.dry_run:
+            text += f" would_redrive={self.pending} (dry run: nothing was produced)"
+        return text
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One dead letter and where its replay goes (partition None: by the key)."""
+
+    dead: DeadLetter
+    topic: str
+    partition: int | None
+
+
+def plan(
+    contents: DlqContents,
+    flt: RedriveFilter,
+    done: set[str],
+    target: str | None,
+    partitions: dict[str, int],
+) -> tuple[list[DeadLetter], list[Replay]]:
+    """(selected, to replay): pure, given the DLQ, the ledger and the topics that exist."""
+    selected = [d for d in contents.dead_letters if flt.matches(d)]
+    todo: list[Replay] = []
+    for d in selected:
+        if ledger_key(d) in done:
+            continue
+        topic = target or d.original_topic
+        n = partitions.get(topic)
+        if n is None:
+            raise ConfigError(
+                f"redrive target topic {topic!r} does not exist (dead letter "
+                f"{ledger_key(d)}); create it or pass --to")
+        same = topic == d.original_topic and d.original_partition < n
+        todo.append(Replay(d, topic, d.original_partition if same else None))
+    return selected, todo
+
+
+def read_ledger(bootstrap: str, dlq: str) -> set[str]:
+    """The dead letters already replayed (committed markers only); empty without a ledger."""
+    name = ledger_topic(dlq)
+    if name not in topics(bootstrap):
+        return set()
+    return {(m.key or b"").decode("utf-8", "replace") for m in scan(bootstrap, name).messages}
+
+
+def redrive(
+    bootstrap: str,
+    dlq: str,
+    target: str | None = None,
+    filter: RedriveFilter | None = None,
+    dry_run: bool = False,
+    rate: float | None = None,
+    progress: Progress | None = None,
+    *,
+    batch_size: int = BATCH_SIZE,
+    crash_after: int | None = None,
+) -> RedriveSummary:
+    """Replay the dead letters of ``dlq`` that ``filter`` selects and no redrive replayed yet.
+
+    ``target``: the topic to replay to (default: each dead letter's original topic).
+    ``rate``: at most this many replays per second. ``crash_after`` (tests only; also read
+    from ``KWORKERS_REDRIVE_CRASH_AFTER``): exit the process with status 3 after producing
+    that many replays inside an open transaction, to prove a crash is harmless.
+    """
+    flt = filter or RedriveFilter()
+    if rate is not None and rate <= 0:
+        raise ConfigError(f"rate must be > 0, got {rate}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if crash_after is None and os.environ.get(CRASH_AFTER_ENV):
+        crash_after = int(os.environ[CRASH_AFTER_ENV])
+    have = topics(bootstrap)
+    if dlq not in have:
+        raise ConfigError(f"DLQ topic {dlq!r} does not exist on {bootstrap}")
+    if target is not None and target not in have:
+        raise ConfigError(f"redrive target topic {target!r} does not exist on {bootstrap}")
+
+    producer: Producer | None = None
+    if not dry_run:
+        ledger = ledger_topic(dlq)
+        if ledger not in have:
+            create_topics(admin_client(bootstrap), [TopicSpec(
+                ledger, partitions=1, config={"cleanup.policy": "compact"})])
+        producer = Producer(client_conf(
+            bootstrap, **{"transactional.id": transactional_id(dlq),
+                          "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                          # short enough that a crashed redrive nobody reruns does not hold
+                          # back read_committed consumers for long; a batch takes far less
+                          "transaction.timeout.ms": 30_000}))
+        # before reading the ledger: aborts a crashed run's open transaction and fences a
+        # concurrent run, so the ledger we read is final for as long as we hold the id
+        _txn(producer.init_transactions, 30)
+
+    contents = read_dlq(bootstrap, dlq)
+    done = read_ledger(bootstrap, dlq)
+    selected, todo = plan(contents, flt, done, target, have)
+    skipped = len(selected) - len(todo)
+    if progress is not None:
+        progress(0, len(todo))
+    targets = Counter(r.topic for r in todo)
+    if dry_run or not todo:
+        return RedriveSummary(dlq, len(selected), 0, skipped, len(todo), dry_run,
+                              len(contents.unreadable), dict(targets))
+
+    assert producer is not None
+    size = batch_size if rate is None else max(1, min(batch_size, int(rate)))
+    sent = _replay(producer, dlq, todo, size, rate, progress, crash_after)
+    return RedriveSummary(dlq, len(selected), sent, skipped, 0, False,
+                          len(contents.unreadable), dict(targets))
+
+
+def _replay(producer: Producer, dlq: str, todo: Sequence[Replay], size: int,
+            rate: float | None, progress: Progress | None, crash_after: int | None) -> int:
+    ledger = ledger_topic(dlq)
+    produced = committed = 0
+    started = time.monotonic()
+    for i in range(0, len(todo), size):
+        batch = todo[i:i + size]
+        for attempt in range(3):
+            try:
+                producer.begin_transaction()
+                for r in batch:
+                    if rate is not None:
+                        # replays so far at the rate asked for, never faster
+                        ahead = produced / rate - (time.monotonic() - started)
+                        if ahead > 0:
+                            time.sleep(ahead)
+                    _produce(producer, r)
+                    produced += 1
+                    if crash_after is not None and produced >= crash_after:
+                        producer.flush(30)  # the replays are in the log, uncommitted
+                        os._exit(CRASH_EXIT_CODE)
+                    _produce_marker(producer, ledger, r)
+                _txn(producer.commit_transaction, 60)
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.txn_requires_abort() and attempt < 2:
+                    # nothing of this batch is visible: abort and send it again
+                    produced -= len(batch)
+                    _txn(producer.abort_transaction, 30)
+                    continue
+                raise RedriveError(f"redrive of {dlq} stopped after {committed} replays: "
+                                   f"{err.str() if isinstance(err, KafkaError) else exc}"
+                                   ) from None
+        committed += len(batch)
+        if progress is not None:
+            progress(committed, len(todo))
+    return committed
+
+
+def _produce(producer: Producer, r: Replay) -> None:
+    d = r.dead
+    dead_msg = Message(d.dlq_topic, d.dlq_partition, d.dlq_offset, d.key, d.value, d.headers)
+    _produce_raw(producer, r.topic, d.key, d.value, list(redrive_headers(dead_msg)),
+                 r.partition)
+
+
+def _produce_marker(producer: Producer, ledger: str, r: Replay) -> None:
+    d = r.dead
+    marker = {"target": r.topic, "partition": r.partition, "at_ms": round(time.time() * 1000),
+              "original": f"{d.original_topic}/{d.original_partition}/{d.original_offset}"}
+    _produce_raw(producer, ledger, ledger_key(d).encode(), json.dumps(marker).encode(), [],
+                 None)
+
+
+def _produce_raw(producer: Producer, topic: str, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes]], partition: int | None) -> None:
+    hs: list[tuple[str, str | bytes | None]] = list(headers)
+    for _ in range(600):
+        try:
+            if partition is None:
+                producer.produce(topic, value=value, key=key, headers=hs)
+            else:
+                producer.produce(topic, value=value, key=key, headers=hs, partition=partition)
+            return
+        except BufferError:  # local queue full: let deliveries drain
+            producer.poll(0.05)
+    raise RedriveError(f"the producer queue stayed full producing to {topic}")
+
+
+def _txn(call: Callable[[float], None], timeout: float) -> None:
+    """A transactional call, retried while the client says the error is retriable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call(timeout)
+            return
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if (isinstance(err, KafkaError) and err.retriable()
+                    and time.monotonic() < deadline):
+                time.sleep(0.2)
+                continue
+            raise

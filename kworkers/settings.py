@@ -1,0 +1,347 @@
+"""Worker settings from outside the code: ``kworkers.toml``, ``KWORKERS_*`` variables, flags.
+
+Why a layer of its own: the same worker module runs on a laptop, in CI and in a pod, and only
+the settings differ. ``kworkers run`` reads them from three places, most specific first:
+
+    command-line flags  >  KWORKERS_* environment  >  the TOML file  >  the Worker's own config
+
+Everything here is pure (a mapping in, a mapping or a ``WorkerConfig`` out) so the precedence
+and every parse error are unit-tested without a process or a broker. A bad value is a
+``ConfigError`` that names where it came from (``KWORKERS_CONCURRENCY``, ``kworkers.toml:
+retry.max_attempts``), because "invalid literal for int()" does not tell an operator which of
+three places to fix.
+
+Durations are seconds as numbers, or labels such as ``500ms``, ``1s``, ``2m``, ``1h`` (the
+labels retry tier topics are named with).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kworkers.config import WorkerConfig
+from kworkers.errors import ConfigError
+from kworkers.retry_tiers.tiers import TierLadder
+
+Layer = dict[str, Any]
+"""Setting name (``concurrency``, ``retry.max_attempts``) -> parsed value."""
+
+ENV_PREFIX = "KWORKERS_"
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(?:/\s*(s|m|h))?\s*$")
+
+
+# --- value parsers -------------------------------------------------------------------------
+
+
+def parse_duration(value: object, what: str = "duration") -> float:
+    """Seconds from ``1.5``, ``"500ms"``, ``"1s"``, ``"2m"``, ``"1h"``; > 0 and finite."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a duration (500ms, 1s, 2m, 1h), got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _DURATION.match(value)
+        if m is None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{what}: expected a duration such as 500ms, 1s, 2m or 1h, got {value!r}"
+                ) from None
+        else:
+            seconds = float(m[1]) * _UNIT_SECONDS[m[2]]
+    else:
+        raise ConfigError(f"{what}: expected a duration (500ms, 1s, 2m, 1h), got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{what}: must be a positive duration, got {value!r}")
+    return seconds
+
+
+def parse_tiers(value: object, what: str = "tiers") -> TierLadder:
+    """A retry ladder from ``"1s,5s,30s"`` or ``["1s", 5, "2m"]``; labels must increase.
+
+    ``TierLadder`` does the rest of the checking (whole milliseconds, strictly increasing), and
+    its message is prefixed with ``what`` so the operator sees which flag or key was wrong.
+    """
+    if isinstance(value, str):
+        items: list[object] = [p for p in (s.strip() for s in value.split(",")) if p]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ConfigError(f"{what}: expected a list of delays such as 1s,5s,30s, got {value!r}")
+    if not items:
+        raise ConfigError(f"{what}: need at least one delay, such as 1s,5s,30s")
+    delays = tuple(parse_duration(v, what) for v in items)
+    try:
+        return TierLadder(delays)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def parse_rate(value: str) -> float:
+    """Records per second from ``"50"``, ``"50/s"``, ``"600/m"`` or ``"1000/h"``."""
+    m = _RATE.match(value)
+    if m is None:
+        raise ConfigError(f"rate: expected records per second such as 50/s, got {value!r}")
+    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[m[2] or "s"]
+    rate = float(m[1]) / per
+    if rate <= 0:
+        raise ConfigError(f"rate: must be > 0, got {value!r}")
+    return rate
+
+
+def _int(value: object, what: str, minimum: int | None = 1) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{what}: expected a whole number, got {value!r}") from None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a whole number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{what}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _any_int(value: object, what: str) -> int:
+    return _int(value, what, minimum=None)
+
+
+def _float(value: object, what: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{what}: expected a number, got {value!r}") from None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what}: must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _str(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what}: expected non-empty text, got {value!r}")
+    return value.strip()
+
+
+def _str_list(value: object, what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = [p.strip() for p in value.split(",")]
+    elif isinstance(value, list | tuple):
+        items = [_str(v, what) for v in value]
+    else:
+        raise ConfigError(f"{what}: expected a list (or comma-separated text), got {value!r}")
+    out = tuple(p for p in items if p)
+    if not out:
+        raise ConfigError(f"{what}: must not be empty")
+    return out
+
+
+def _choice(*choices: str) -> Callable[[object, str], str]:
+    def parse(value: object, what: str) -> str:
+        text = _str(value, what)
+        if text not in choices:
+            raise ConfigError(f"{what}: one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _optional_duration(value: object, what: str) -> float | None:
+    if isinstance(value, str) and value.strip().lower() in ("", "none", "off"):
+        return None
+    return parse_duration(value, what)
+
+
+def _client_config(value: object, what: str) -> dict[str, str | int | float | bool]:
+    """A librdkafka property table (TOML only: env and flags cannot express one well)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{what}: expected a table of librdkafka properties, got {value!r}")
+    out: dict[str, str | int | float | bool] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str | int | float | bool):
+            raise ConfigError(f"{what}: {k!r} = {v!r} is not a librdkafka property value")
+        out[k] = v
+    return out
+
+
+#: Every setting the outside may change, with its parser. Dotted names are fields of the
+#: nested policies (``retry``, ``commit``); ``tiers`` builds the ``TierLadder``.
+FIELDS: dict[str, Callable[[object, str], Any]] = {
+    "bootstrap_servers": _str,
+    "group_id": _str,
+    "topics": _str_list,
+    "ordering": _choice("partition", "key"),
+    "group_protocol": _choice("classic", "consumer"),
+    "concurrency": _int,
+    "max_in_flight": _int,
+    "max_in_flight_per_partition": _int,
+    "delay_buffer": _int,
+    "consume_batch": _int,
+    "message_timeout": _optional_duration,
+    "revoke_timeout": parse_duration,
+    "drain_timeout": parse_duration,
+    "jitter_seed": _any_int,
+    "tiers": parse_tiers,
+    "retry.initial": parse_duration,
+    "retry.backoff": _float,
+    "retry.max_interval": parse_duration,
+    "retry.max_attempts": _int,
+    "retry.non_retryable": _str_list,
+    "commit.interval_s": parse_duration,
+    "commit.max_completions": _int,
+    "consumer_config": _client_config,
+    "producer_config": _client_config,
+}
+
+#: Settings only a TOML table can carry.
+_TABLE_ONLY = frozenset({"consumer_config", "producer_config"})
+#: Settings whose layers merge key by key instead of replacing each other.
+_MERGED = _TABLE_ONLY
+
+
+def env_name(setting: str) -> str:
+    """``retry.max_attempts`` -> ``KWORKERS_RETRY_MAX_ATTEMPTS``."""
+    return ENV_PREFIX + setting.upper().replace(".", "_")
+
+
+# --- layers --------------------------------------------------------------------------------
+
+
+def from_env(environ: Mapping[str, str]) -> Layer:
+    """The settings named by ``KWORKERS_*`` variables.
+
+    Only known names are read: ``KWORKERS_BOOTSTRAP``, ``KWORKERS_KAFKA_IMAGE`` and friends
+    belong to the test tooling, so an unknown ``KWORKERS_*`` variable is not an error.
+    """
+    layer: Layer = {}
+    for name, parse in FIELDS.items():
+        if name in _TABLE_ONLY:
+            continue
+        var = env_name(name)
+        raw = environ.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        layer[name] = parse(raw, var)
+    return layer
+
+
+def from_toml(data: Mapping[str, Any], source: str = "kworkers.toml") -> Layer:
+    """The settings of a parsed TOML document; an unknown key is an error (it is a typo)."""
+    layer: Layer = {}
+    for key, value in data.items():
+        if key in ("retry", "commit") and isinstance(value, Mapping):
+            for sub, subvalue in value.items():
+                _toml_value(layer, f"{key}.{sub}", subvalue, source)
+        else:
+            _toml_value(layer, key, value, source)
+    return layer
+
+
+def _toml_value(layer: Layer, name: str, value: object, source: str) -> None:
+    parse = FIELDS.get(name)
+    if parse is None:
+        known = ", ".join(sorted(FIELDS))
+        raise ConfigError(f"{source}: unknown setting {name!r} (known: {known})")
+    layer[name] = parse(value, f"{source}: {name}")
+
+
+def load_toml(path: str | Path) -> Layer:
+    """``from_toml`` of a file; a missing or malformed file is a ``ConfigError``."""
+    p = Path(path)
+    try:
+        text = p.read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    return from_toml(data, str(p))
+
+
+def from_flags(flags: Mapping[str, object]) -> Layer:
+    """Command-line values (``None`` = not given), parsed like the other layers."""
+    layer: Layer = {}
+    for name, value in flags.items():
+        if value is None or value == ():
+            continue
+        parse = FIELDS.get(name)
+        if parse is None:
+            raise ConfigError(f"unknown setting {name!r}")
+        layer[name] = parse(value, f"--{name.replace('_', '-')}")
+    return layer
+
+
+def merge(*layers: Mapping[str, Any]) -> Layer:
+    """Layers from least to most specific: a later layer wins, setting by setting.
+
+    Client property tables merge key by key, so an environment-specific file can change one
+    librdkafka property without repeating the others.
+    """
+    out: Layer = {}
+    for layer in layers:
+        for name, value in layer.items():
+            if name in _MERGED and name in out:
+                out[name] = {**out[name], **value}
+            else:
+                out[name] = value
+    return out
+
+
+def apply(config: WorkerConfig, overrides: Mapping[str, Any]) -> WorkerConfig:
+    """``config`` with ``overrides`` applied; ``WorkerConfig`` validates the result.
+
+    Nested policies are replaced field by field (``retry.max_attempts`` keeps the worker's
+    own backoff), client tables key by key over the worker's own.
+    """
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for name, value in overrides.items():
+        if name not in FIELDS:
+            raise ConfigError(f"unknown setting {name!r}")
+        head, dot, field = name.partition(".")
+        if dot:
+            nested.setdefault(head, {})[field] = value
+        elif name == "tiers":
+            top["tiers"] = value if isinstance(value, TierLadder) else parse_tiers(value)
+        elif name in _MERGED:
+            top[name] = {**getattr(config, name), **value}
+        else:
+            top[name] = value
+    for head, fields in nested.items():
+        top[head] = dataclasses.replace(getattr(config, head), **fields)
+    if not top:
+        return config
+    return dataclasses.replace(config, **top)
+
+
+def resolve(
+    config: WorkerConfig,
+    flags: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    toml_path: str | Path | None = None,
+) -> WorkerConfig:
+    """The worker's config with the TOML file, then the environment, then flags applied."""
+    return apply(config, overrides(flags, environ, toml_path))
+
+
+def overrides(
+    flags: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    toml_path: str | Path | None = None,
+) -> Layer:
+    """The merged outside settings (CLI > env > TOML), before they meet a config."""
+    file_layer = load_toml(toml_path) if toml_path is not None else {}
+    return merge(file_layer, from_env(environ or {}), from_flags(flags or {}))

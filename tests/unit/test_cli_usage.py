@@ -1,0 +1,65 @@
+"""CLI argument errors that need no broker: one line on stderr, exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from kworkers.cli import run_cli
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = run_cli(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args", [
+    ["dlq", "list"],                                       # missing --dlq
+    ["dlq", "show", "--dlq", "x.dlq", "--offset", "1"],    # missing --partition
+    ["dlq", "show", "--dlq", "x.dlq", "-p", "-1", "-o", "1"],
+    ["dlq", "redrive", "--dlq", "x.dlq", "--since", "yesterday"],
+    ["dlq", "redrive", "--dlq", "x.dlq", "--since", "2025-01-02", "--until", "2025-01-01"],
+    ["dlq", "redrive", "--dlq", "x.dlq", "--rate", "fast"],
+    ["dlq", "redrive", "--dlq", "x.dlq", "--min-offset", "5", "--max-offset", "1"],
+    ["topics", "plan", "--topic", "orders", "--tiers", "1s,1x"],
+    ["topics", "plan", "--topic", "orders", "--tiers", "5s,1s"],
+    ["topics", "create"],                                  # missing --topic
+    ["lag"],                                               # missing --group
+    ["lag", "--group", "g", "--offset-reset-policy", "newest"],
+    ["run", "no_colon"],
+    ["run", "no_such_module_kw:worker"],
+    ["run", "kworkers.settings:nothing_here"],
+    ["run", "kworkers.settings:ENV_PREFIX"],               # a str, not a Worker
+    ["demo", "flaky", "--fail-rate", "2"],
+    ["nosuchcommand"],
+])
+def test_bad_arguments_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
+                                               args: list[str]) -> None:
+    code, out, err = _run(capsys, *args)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kworkers: error: ")
+    assert "Traceback" not in err + out
+
+
+def test_run_names_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, err = _run(capsys, "run", "no_such_module_kw:worker")
+    assert "cannot import module 'no_such_module_kw'" in err
+    _, _, err = _run(capsys, "run", "kworkers.settings:ENV_PREFIX")
+    assert "is a str, not a kworkers.Worker" in err
+
+
+@pytest.mark.parametrize("args", [
+    [], ["run"], ["topics"], ["topics", "plan"], ["topics", "create"], ["dlq"], ["dlq", "list"],
+    ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["demo"], ["demo", "flaky"],
+])
+def test_help_everywhere(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    code, out, _ = _run(capsys, *args, "--help")
+    assert code == 0
+    assert out.startswith("Usage: kworkers")
+
+
+def test_hidden_crash_option_is_not_advertised(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run(capsys, "dlq", "redrive", "--help")
+    assert "--crash-after" not in out and "--dry-run" in out and "--rate" in out

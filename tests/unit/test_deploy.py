@@ -1,0 +1,285 @@
+"""Rendered manifests: schema-valid, consistent with the WorkerConfig, committed copies current."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from kworkers import RetryPolicy, TierLadder, WorkerConfig, settings
+from kworkers.consumer.commit import CommitPolicy
+from kworkers.deploy import (
+    EXAMPLE_ARGS,
+    config_env,
+    config_from_env,
+    cross_problems,
+    example_config,
+    example_files,
+    keda_problems,
+    manifests,
+    render,
+    validate_core,
+)
+from kworkers.deploy.yamltext import dump, scalar
+from kworkers.errors import ConfigError
+from kworkers.keda import ScalerSettings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+K8S_VERSION = "1.30"
+
+
+def sample(**kw: Any) -> dict[str, dict[str, Any]]:
+    return manifests(example_config(), **{**EXAMPLE_ARGS, **kw})
+
+
+def test_committed_examples_match_a_fresh_render() -> None:
+    files = example_files()
+    assert set(files) == {"k8s/configmap.yaml", "k8s/deployment.yaml",
+                          "keda/scaledobject.yaml", "keda/triggerauthentication.yaml"}
+    stale = [n for n, text in files.items()
+             if not (DEPLOY / n).exists() or (DEPLOY / n).read_text("utf-8") != text]
+    assert not stale, f"{stale} differ from render(): run `python -m kworkers.deploy`"
+
+
+def test_yaml_text_reads_back_as_the_objects() -> None:
+    objs = sample()
+    for name, text in render(example_config(), **EXAMPLE_ARGS).items():
+        assert yaml.safe_load(text) == objs[name], name
+
+
+def test_core_kinds_pass_the_kubernetes_schema() -> None:
+    objs = sample()
+    core = [o for o in objs.values() if o["apiVersion"] in ("v1", "apps/v1")]
+    assert {o["kind"] for o in core} == {"ConfigMap", "Deployment"}
+    for obj in core:
+        validate_core(obj, K8S_VERSION)
+
+
+def test_schema_check_can_fail() -> None:
+    dep = copy.deepcopy(sample()["k8s/deployment.yaml"])
+    dep["spec"]["template"]["spec"]["terminationGracePeriodSecond"] = 55  # misspelt
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_core(dep, K8S_VERSION)
+
+
+def test_keda_objects_pass_the_structural_check() -> None:
+    objs = sample()
+    for name in ("keda/scaledobject.yaml", "keda/triggerauthentication.yaml"):
+        assert keda_problems(objs[name]) == [], name
+    assert cross_problems(objs) == []
+
+
+@pytest.mark.parametrize("mutate, expect", [
+    (lambda so: so.update(apiVersion="keda.sh/v1"), "apiVersion"),
+    (lambda so: so["spec"]["triggers"][0]["metadata"].update(lagTreshold="5"), "lagTreshold"),
+    (lambda so: so["spec"]["triggers"][1]["metadata"].update(excludePersistentLag=True),
+     "must be a string"),
+    (lambda so: so["spec"]["triggers"][0]["metadata"].update(offsetResetPolicy="smallest"),
+     "offsetResetPolicy"),
+    (lambda so: so["spec"]["triggers"][0]["metadata"].pop("consumerGroup"), "consumerGroup"),
+    (lambda so: so["spec"]["triggers"][0]["metadata"].update(lagThreshold="0"), "> 0"),
+    (lambda so: so["spec"].pop("scaleTargetRef"), "scaleTargetRef"),
+    (lambda so: so["spec"].update(maxReplicas=3), "spec.maxReplicas"),
+    (lambda so: so["spec"].update(minReplicaCount=7), "minReplicaCount 7 > maxReplicaCount"),
+    (lambda so: so["spec"].update(triggers=[]), "triggers"),
+])
+def test_keda_check_catches(mutate: Any, expect: str) -> None:
+    so = copy.deepcopy(sample()["keda/scaledobject.yaml"])
+    mutate(so)
+    problems = keda_problems(so)
+    assert any(expect in p for p in problems), problems
+
+
+def test_triggerauth_check_catches_a_bad_parameter() -> None:
+    ta = copy.deepcopy(sample()["keda/triggerauthentication.yaml"])
+    ta["spec"]["secretTargetRef"][0]["parameter"] = "user"
+    assert any("'user'" in p for p in keda_problems(ta))
+
+
+def test_cross_check_catches_a_dangling_auth() -> None:
+    objs = sample()
+    del objs["keda/triggerauthentication.yaml"]
+    assert cross_problems(objs)
+
+
+def test_max_replicas_defaults_to_and_may_not_exceed_partitions() -> None:
+    assert sample()["keda/scaledobject.yaml"]["spec"]["maxReplicaCount"] == 6
+    assert sample(max_replicas=4)["keda/scaledobject.yaml"]["spec"]["maxReplicaCount"] == 4
+    with pytest.raises(ConfigError, match="7 > 6 partitions"):
+        sample(max_replicas=7)
+    with pytest.raises(ConfigError):
+        sample(min_replicas=5, max_replicas=4)
+    with pytest.raises(ConfigError):
+        sample(partitions=0)
+    with pytest.raises(ConfigError, match="allowIdleConsumers"):
+        sample(scaler=ScalerSettings(allow_idle_consumers=True))
+
+
+def test_grace_period_covers_drain_and_revoke() -> None:
+    cfg = WorkerConfig(topics=("orders",), group_id="g", drain_timeout=42.5, revoke_timeout=5)
+    dep = manifests(cfg, **EXAMPLE_ARGS)["k8s/deployment.yaml"]
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 63  # 47.5 -> 48 + 15
+    default = sample()["k8s/deployment.yaml"]
+    assert default["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30 + 10 + 15
+
+
+def test_deployment_runs_the_module_and_probes_the_metrics_port() -> None:
+    dep = sample(metrics_port=9300)["k8s/deployment.yaml"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["kworkers"]
+    assert c["args"] == ["run", "kworkers.deploy.example:worker", "--metrics-port", "9300"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9300, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert "lifecycle" not in c  # SIGTERM drains: no preStop hook
+    assert c["envFrom"] == [{"configMapRef": {"name": "orders-config"}}]
+    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]}
+    assert secret_env == {
+        "KWORKERS_SASL_USERNAME": {"name": "orders-kafka-sasl", "key": "username"},
+        "KWORKERS_SASL_PASSWORD": {"name": "orders-kafka-sasl", "key": "password"},
+    }
+    assert set(c["resources"]) == {"requests", "limits"}
+    assert "replicas" not in dep["spec"]  # KEDA owns the count
+    # a bare module name runs its `worker`
+    bare = sample(module="orders.app")["k8s/deployment.yaml"]
+    assert bare["spec"]["template"]["spec"]["containers"][0]["args"][1] == "orders.app:worker"
+    with pytest.raises(ConfigError):
+        sample(module="orders app")
+
+
+def test_triggers_watch_both_groups_and_waiting_retries_do_not_scale() -> None:
+    cfg = example_config()
+    so = sample()["keda/scaledobject.yaml"]
+    triggers = so["spec"]["triggers"]
+    main = [t["metadata"] for t in triggers if t["name"].startswith("main-")]
+    retry = [t["metadata"] for t in triggers if t["name"].startswith("retry-")]
+    assert [m["topic"] for m in main] == list(cfg.topics)
+    assert {m["consumerGroup"] for m in main} == {cfg.group_id}
+    assert [m["topic"] for m in retry] == list(cfg.tier_topics())
+    assert {m["consumerGroup"] for m in retry} == {cfg.retry_group_id}
+    assert {m["excludePersistentLag"] for m in main} == {"false"}
+    assert {m["excludePersistentLag"] for m in retry} == {"true"}
+    for m in main + retry:
+        assert m["bootstrapServers"] == cfg.bootstrap_servers
+        assert m["offsetResetPolicy"] == "earliest"  # the worker's auto.offset.reset
+        assert m["sasl"] == "plaintext"
+    assert {t["authenticationRef"]["name"] for t in triggers} == {"orders-kafka-auth"}
+    ta = sample()["keda/triggerauthentication.yaml"]
+    assert {(r["parameter"], r["name"], r["key"]) for r in ta["spec"]["secretTargetRef"]} == {
+        ("username", "orders-kafka-sasl", "username"),
+        ("password", "orders-kafka-sasl", "password")}
+    assert so["spec"]["scaleTargetRef"]["name"] == sample()["k8s/deployment.yaml"]["metadata"][
+        "name"]
+
+
+def test_without_sasl_there_is_no_secret_anywhere() -> None:
+    objs = sample(sasl_secret=None)
+    assert "keda/triggerauthentication.yaml" not in objs
+    for t in objs["keda/scaledobject.yaml"]["spec"]["triggers"]:
+        assert "authenticationRef" not in t and "sasl" not in t["metadata"]
+    c = objs["k8s/deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    assert "env" not in c
+    assert "KWORKERS_SASL_MECHANISM" not in objs["k8s/configmap.yaml"]["data"]
+    assert cross_problems(objs) == []
+    for obj in objs.values():
+        if obj["apiVersion"].startswith("keda"):
+            assert keda_problems(obj) == []
+        else:
+            validate_core(obj, K8S_VERSION)
+
+
+def test_configmap_describes_the_config() -> None:
+    data = sample()["k8s/configmap.yaml"]["data"]
+    assert data["KWORKERS_BOOTSTRAP_SERVERS"] == "kafka-bootstrap.kafka.svc:9092"
+    assert data["KWORKERS_GROUP_ID"] == "orders-workers"
+    assert data["KWORKERS_TOPICS"] == "orders"
+    assert data["KWORKERS_TIERS"] == "1,5,30,120,600"
+    assert data["KWORKERS_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert "KWORKERS_SASL_PASSWORD" not in data
+    env = {**data, "KWORKERS_SASL_USERNAME": "u", "KWORKERS_SASL_PASSWORD": "p"}
+    cfg = config_from_env(env)
+    assert cfg.consumer_config == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                   "sasl.username": "u", "sasl.password": "p"}
+    assert cfg.producer_config == cfg.consumer_config
+
+
+def test_every_configmap_variable_is_one_kworkers_run_reads() -> None:
+    # one scheme: `kworkers run` applies kworkers.settings.from_env over the module's config
+    data = sample()["k8s/configmap.yaml"]["data"]
+    layer = settings.from_env(data)
+    sasl = {"KWORKERS_SECURITY_PROTOCOL", "KWORKERS_SASL_MECHANISM"}
+    assert {settings.env_name(n) for n in layer} == set(data) - sasl
+    assert settings.apply(WorkerConfig(topics=("x",), group_id="y"), layer) == example_config()
+
+
+CONFIGS = [
+    WorkerConfig(topics=("t",), group_id="g"),
+    WorkerConfig(
+        topics=("orders", "payments"), group_id="g1", bootstrap_servers="k1:9092,k2:9092",
+        ordering="key", concurrency=3, max_in_flight=900, max_in_flight_per_partition=300,
+        message_timeout=2.5, commit=CommitPolicy(interval_s=0.5, max_completions=100),
+        group_protocol="consumer",
+        retry=RetryPolicy(initial=0.2, backoff=3, max_interval=9, max_attempts=4,
+                          non_retryable=("Bad", "Worse")),
+        tiers=TierLadder((0.25, 2, 60)), jitter_seed=11, revoke_timeout=4, drain_timeout=12,
+        delay_buffer=77, consume_batch=50),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_env_round_trip(cfg: WorkerConfig) -> None:
+    assert config_from_env(config_env(cfg)) == cfg
+    # over a worker's own config with other values, the variables win everywhere
+    other = WorkerConfig(topics=("z",), group_id="other", concurrency=99, message_timeout=7,
+                         retry=RetryPolicy(non_retryable=("X",)), jitter_seed=5)
+    back = config_from_env(config_env(cfg), base=other)
+    expect_nr = cfg.retry.non_retryable or ("X",)  # an empty list is not written
+    expect_seed = 5 if cfg.jitter_seed is None else cfg.jitter_seed
+    assert back == dataclasses.replace(
+        cfg, retry=dataclasses.replace(cfg.retry, non_retryable=expect_nr),
+        jitter_seed=expect_seed)
+
+
+def test_client_tables_stay_with_the_worker_module() -> None:
+    cfg = WorkerConfig(topics=("t",), group_id="g", consumer_config={"fetch.min.bytes": 1})
+    env = config_env(cfg)
+    assert not any("fetch" in k.lower() or "fetch" in v for k, v in env.items())
+    assert config_from_env(env, base=cfg) == cfg
+
+
+def test_env_errors_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match="KWORKERS_GROUP_ID"):
+        config_from_env({"KWORKERS_TOPICS": "t"})
+    with pytest.raises(ConfigError, match="KWORKERS_TOPICS"):
+        config_from_env({"KWORKERS_GROUP_ID": "g"})
+    with pytest.raises(ConfigError, match="KWORKERS_CONCURRENCY"):
+        config_from_env({"KWORKERS_TOPICS": "t", "KWORKERS_GROUP_ID": "g",
+                         "KWORKERS_CONCURRENCY": "eight"})
+    with pytest.raises(ConfigError, match="go together"):
+        config_from_env({"KWORKERS_TOPICS": "t", "KWORKERS_GROUP_ID": "g",
+                         "KWORKERS_SASL_USERNAME": "u"})
+    overridden = config_from_env({"KWORKERS_TOPICS": "t"}, group_id="mine")
+    assert overridden.group_id == "mine"
+
+
+@pytest.mark.parametrize("s", ["true", "True", "yes", "no", "on", "off", "null", "~", "1", "9100",
+                               "0x1F", "1e3", ".inf", "-x", "a: b", "x:", "", "1:30", "#c",
+                               "[a]", "{a}", "*a", "&a", "!a", "|", ">", "@a", "%a", "'q'",
+                               "\"q\"", "a,b", "tab\there", "line\nbreak", "ünï", "kafka:9092",
+                               "/healthz", "SASL_PLAINTEXT", "orders.retry.1s"])
+def test_scalars_read_back_as_the_same_string(s: str) -> None:
+    assert yaml.safe_load(f"k: {scalar(s)}\n") == {"k": s}
+
+
+def test_dump_nested_structures() -> None:
+    obj: dict[str, Any] = {"a": [{"b": 1, "c": ["x", "y"]}, {"d": {"e": True}}], "f": [],
+                           "g": {"h": None}, "i": {}}
+    text = dump(obj, "top\nsecond")
+    assert text.startswith("# top\n# second\n")
+    assert yaml.safe_load(text) == obj

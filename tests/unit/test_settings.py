@@ -1,0 +1,196 @@
+"""Settings from TOML, KWORKERS_* and flags: parsing, precedence, and errors that name a source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kworkers.config import WorkerConfig
+from kworkers.errors import ConfigError
+from kworkers.retry_tiers.policy import RetryPolicy
+from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.settings import (
+    apply,
+    env_name,
+    from_env,
+    from_flags,
+    from_toml,
+    load_toml,
+    merge,
+    overrides,
+    parse_duration,
+    parse_rate,
+    parse_tiers,
+    resolve,
+)
+
+BASE = WorkerConfig(topics=("orders",), group_id="billing", concurrency=4,
+                    retry=RetryPolicy(initial=2.0, max_attempts=7),
+                    consumer_config={"fetch.min.bytes": 1, "session.timeout.ms": 10_000})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("500ms", 0.5), ("1s", 1.0), ("2m", 120.0), ("1h", 3600.0), ("1.5s", 1.5), (" 10s ", 10.0),
+    ("3", 3.0), (2, 2.0), (0.25, 0.25),
+])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "1x", "s", "-1s", "0s", "1 d", True, None, [1], "nan"])
+def test_bad_durations_name_the_setting(bad: object) -> None:
+    with pytest.raises(ConfigError, match="^--tiers"):
+        parse_duration(bad, "--tiers")
+
+
+def test_tiers_from_labels_and_lists() -> None:
+    assert parse_tiers("1s,5s,30s,2m,10m") == TierLadder((1, 5, 30, 120, 600))
+    assert parse_tiers("500ms, 1s") == TierLadder((0.5, 1.0))
+    assert parse_tiers(["250ms", 1, "2m"]) == TierLadder((0.25, 1.0, 120.0))
+
+
+@pytest.mark.parametrize("bad", ["", ",", "5s,1s", "1s,1s", "1x", "1.0005s", 7])
+def test_bad_tiers(bad: object) -> None:
+    with pytest.raises(ConfigError, match="^tiers"):
+        parse_tiers(bad)
+
+
+@pytest.mark.parametrize(("text", "rate"), [
+    ("50", 50.0), ("50/s", 50.0), ("600/m", 10.0), ("3600/h", 1.0), ("0.5/s", 0.5),
+])
+def test_rates(text: str, rate: float) -> None:
+    assert parse_rate(text) == rate
+
+
+@pytest.mark.parametrize("bad", ["", "x", "0", "0/s", "5/d", "-1/s"])
+def test_bad_rates(bad: str) -> None:
+    with pytest.raises(ConfigError, match="rate"):
+        parse_rate(bad)
+
+
+def test_env_names() -> None:
+    assert env_name("concurrency") == "KWORKERS_CONCURRENCY"
+    assert env_name("retry.max_attempts") == "KWORKERS_RETRY_MAX_ATTEMPTS"
+
+
+def test_env_reads_known_variables_only() -> None:
+    env = {
+        "KWORKERS_BOOTSTRAP_SERVERS": "k1:9092,k2:9092",
+        "KWORKERS_GROUP_ID": "g2",
+        "KWORKERS_CONCURRENCY": "16",
+        "KWORKERS_TOPICS": "a, b",
+        "KWORKERS_TIERS": "1s,10s",
+        "KWORKERS_RETRY_MAX_ATTEMPTS": "3",
+        "KWORKERS_MESSAGE_TIMEOUT": "off",
+        # test tooling and empty values: not settings, not errors
+        "KWORKERS_BOOTSTRAP": "elsewhere:1", "KWORKERS_KAFKA_IMAGE": "x", "KWORKERS_ORDERING": "",
+        "PATH": "/bin",
+    }
+    assert from_env(env) == {
+        "bootstrap_servers": "k1:9092,k2:9092", "group_id": "g2", "concurrency": 16,
+        "topics": ("a", "b"), "tiers": TierLadder((1.0, 10.0)), "retry.max_attempts": 3,
+        "message_timeout": None,
+    }
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("KWORKERS_CONCURRENCY", "many"), ("KWORKERS_CONCURRENCY", "0"),
+    ("KWORKERS_ORDERING", "random"), ("KWORKERS_DRAIN_TIMEOUT", "soon"),
+    ("KWORKERS_RETRY_BACKOFF", "-2"),
+])
+def test_env_errors_name_the_variable(var: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{var}:"):
+        from_env({var: value})
+
+
+def test_toml_layer_with_nested_tables() -> None:
+    layer = from_toml({
+        "group_id": "g3", "concurrency": 2, "ordering": "key", "drain_timeout": "45s",
+        "retry": {"max_attempts": 9, "initial": "250ms", "non_retryable": ["BadSpec"]},
+        "commit": {"interval_s": 2},
+        "consumer_config": {"session.timeout.ms": 6000},
+    })
+    assert layer == {
+        "group_id": "g3", "concurrency": 2, "ordering": "key", "drain_timeout": 45.0,
+        "retry.max_attempts": 9, "retry.initial": 0.25, "retry.non_retryable": ("BadSpec",),
+        "commit.interval_s": 2.0, "consumer_config": {"session.timeout.ms": 6000},
+    }
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    ({"concurency": 2}, "unknown setting 'concurency'"),
+    ({"retry": {"max_attempt": 2}}, "unknown setting 'retry.max_attempt'"),
+    ({"concurrency": "2x"}, "concurrency: expected a whole number"),
+    ({"concurrency": True}, "concurrency: expected a whole number"),
+    ({"consumer_config": "x"}, "consumer_config: expected a table"),
+    ({"topics": []}, "topics: must not be empty"),
+])
+def test_toml_errors_name_file_and_key(data: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=f"^kworkers.toml: {match}"):
+        from_toml(data)
+
+
+def test_load_toml_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_toml(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("concurrency = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(bad)
+
+
+def test_flags_skip_unset_values() -> None:
+    assert from_flags({"concurrency": None, "topics": (), "group_id": "g"}) == {"group_id": "g"}
+    with pytest.raises(ConfigError, match="^--concurrency"):
+        from_flags({"concurrency": 0})
+
+
+def test_merge_later_layer_wins_and_client_tables_merge_by_key() -> None:
+    toml = {"concurrency": 2, "group_id": "from-toml", "consumer_config": {"a": 1, "b": 1}}
+    env = {"concurrency": 3, "consumer_config": {"b": 2}}
+    flags = {"concurrency": 4}
+    assert merge(toml, env, flags) == {
+        "concurrency": 4, "group_id": "from-toml", "consumer_config": {"a": 1, "b": 2},
+    }
+
+
+def test_apply_replaces_nested_fields_and_keeps_the_rest() -> None:
+    cfg = apply(BASE, {"retry.max_attempts": 3, "concurrency": 32, "tiers": "1s,2s",
+                       "consumer_config": {"session.timeout.ms": 6000}})
+    assert cfg.retry == RetryPolicy(initial=2.0, max_attempts=3)  # initial kept
+    assert cfg.concurrency == 32
+    assert cfg.tiers == TierLadder((1.0, 2.0))
+    assert cfg.consumer_config == {"fetch.min.bytes": 1, "session.timeout.ms": 6000}
+    assert (cfg.topics, cfg.group_id) == (BASE.topics, BASE.group_id)
+    assert apply(BASE, {}) is BASE
+
+
+def test_apply_lets_the_config_validate() -> None:
+    with pytest.raises(ConfigError, match="consumer_config"):
+        apply(BASE, {"consumer_config": {"enable.auto.commit": True}})
+    with pytest.raises(ConfigError, match="is a retry tier"):
+        apply(BASE, {"topics": ("orders.dlq",)})
+
+
+def test_precedence_cli_over_env_over_toml_over_worker(tmp_path: Path) -> None:
+    toml = tmp_path / "kworkers.toml"
+    toml.write_text(
+        'bootstrap_servers = "toml:9092"\n'
+        'group_id = "toml-group"\n'
+        "concurrency = 2\n"
+        "drain_timeout = 5\n"
+        "[retry]\n"
+        "max_attempts = 11\n"
+    )
+    env = {"KWORKERS_GROUP_ID": "env-group", "KWORKERS_CONCURRENCY": "3",
+           "KWORKERS_DRAIN_TIMEOUT": "6s"}
+    flags: dict[str, object] = {"concurrency": 4, "group_id": None}
+    cfg = resolve(BASE, flags, env, toml)
+    assert cfg.concurrency == 4  # flag
+    assert cfg.group_id == "env-group"  # env (no flag)
+    assert cfg.drain_timeout == 6.0  # env over TOML
+    assert cfg.bootstrap_servers == "toml:9092"  # TOML (no env, no flag)
+    assert cfg.retry.max_attempts == 11 and cfg.retry.initial == 2.0  # TOML over the worker's
+    assert cfg.topics == ("orders",)  # the worker's own
+    assert overrides() == {}
