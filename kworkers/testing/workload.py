@@ -101,19 +101,28 @@ def read_all(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Record]:
 
 def produce_steady(bootstrap: str, topic: str, n: int, per_second: float, keys: int = 16,
                    stop: object = None) -> int:
-    """Numbered records at a steady rate (``stop``: an Event that ends production early)."""
+    """Numbered records (as ``produce_numbered``) at a steady rate, through one producer.
+
+    ``stop``: an Event that ends production early.
+    """
     import time
 
-    chunk = max(1, int(per_second / 10))
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                  "log_level": 3})
+    chunk = max(1, int(per_second / 20))
     sent = 0
     t0 = time.monotonic()
     while sent < n:
         if stop is not None and getattr(stop, "is_set", lambda: False)():
             break
-        k = min(chunk, n - sent)
-        produce_numbered(bootstrap, topic, k, keys=keys, start=sent)
-        sent += k
+        for i in range(sent, min(n, sent + chunk)):
+            p.produce(topic, key=f"k{i % keys}".encode(), value=str(i).encode())
+        sent = min(n, sent + chunk)
+        p.poll(0)
         ahead = sent / per_second - (time.monotonic() - t0)
         if ahead > 0:
             time.sleep(ahead)
+    left = p.flush(60)
+    if left:
+        raise RuntimeError(f"{left} records not delivered to {topic}")
     return sent
