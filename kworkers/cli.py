@@ -332,8 +332,10 @@ def dlq_redrive(bootstrap: str, dlq_topic: str, target: str | None, error_type: 
 @click.option("--scale-to-zero-on-invalid-offset", is_flag=True,
               help="KEDA's scaleToZeroOnInvalidOffset: no commit counts as lag 0.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.option("--waiting-scan-limit", type=click.IntRange(min=1), default=None, hidden=True)
 def lag(bootstrap: str, group: str, names: tuple[str, ...], offset_reset_policy: str,
-        scale_to_zero_on_invalid_offset: bool, as_json: bool) -> int:
+        scale_to_zero_on_invalid_offset: bool, as_json: bool,
+        waiting_scan_limit: int | None) -> int:
     """Per-partition lag as KEDA's Kafka scaler computes it, with the retry tiers apart.
 
     The group's lag is what KEDA scales on. The retry tier group <group>.retry is shown
@@ -341,10 +343,11 @@ def lag(bootstrap: str, group: str, names: tuple[str, ...], offset_reset_policy:
     due now (read from the committed offset, at most 10,000 per partition).
     """
     from kworkers.cli_lag import read_lag
-    from kworkers.lag import GroupLag, ResetPolicy
+    from kworkers.lag import WAITING_SCAN_LIMIT, GroupLag, ResetPolicy
 
     policy: ResetPolicy = "earliest" if offset_reset_policy == "earliest" else "latest"
-    main, retry = read_lag(bootstrap, group, names, policy, scale_to_zero_on_invalid_offset)
+    main, retry = read_lag(bootstrap, group, names, policy, scale_to_zero_on_invalid_offset,
+                           waiting_scan_limit or WAITING_SCAN_LIMIT)
 
     def rows(g: GroupLag) -> list[dict[str, Any]]:
         return [{"topic": p.topic, "partition": p.partition, "committed": p.committed,

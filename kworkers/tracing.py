@@ -22,12 +22,13 @@ import importlib
 import inspect
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kworkers.consumer.loop import Handler
+from kworkers.activity import ActivityInvoker
+from kworkers.consumer.loop import Handler, Invoker
 from kworkers.message import Message
 
 TRACEPARENT = "traceparent"
@@ -187,16 +188,24 @@ def _empty_context() -> Any:
 class TracedInvoke:
     """An ``Invoker`` (see ``kworkers.consumer.loop``) that runs each attempt in its own span.
 
-    ``Worker(..., invoke=traced_invoke)``. Sync handlers run inside the span; for an async
-    handler the invoker returns a coroutine that opens the span, awaits the handler and closes
-    it, so the span measures the handler and not the time it waited for a slot. An exception
-    leaves the span marked as failed (OpenTelemetry records it) and goes on to the loop, which
-    routes the record to a tier or the DLQ as usual.
+    It wraps another invoker (``inner``; None: call the handler directly), so tracing composes
+    with the activity context: ``traced_invoke`` wraps a store-less ``ActivityInvoker``, what a
+    ``Worker`` uses by default; a worker with an idempotency store passes
+    ``TracedInvoke(inner=ActivityInvoker(store, ...))``. The span encloses the inner invoker,
+    so a claim on the store is part of the attempt it belongs to.
+
+    Sync handlers run inside the span; for an async handler the invoker returns a coroutine
+    that opens the span, awaits the inner invoker's coroutine and closes it, so the span
+    measures the attempt and not the time it waited for a slot. An exception leaves the span
+    marked as failed (OpenTelemetry records it) and goes on to the loop, which routes the
+    record to a tier or the DLQ as usual.
     """
 
-    def __init__(self, start_span: SpanStarter | None = None, *, auto: bool = True) -> None:
+    def __init__(self, start_span: SpanStarter | None = None, *, inner: Invoker | None = None,
+                 auto: bool = True) -> None:
         self._start = start_span
         self._resolved = start_span is not None or not auto
+        self._inner = inner
 
     def _starter(self) -> SpanStarter | None:
         if not self._resolved:  # resolved on first use: importing kworkers stays cheap
@@ -204,24 +213,26 @@ class TracedInvoke:
             self._resolved = True
         return self._start
 
+    def _call(self, handler: Handler, msg: Message) -> Any:
+        return handler(msg) if self._inner is None else self._inner(handler, msg)
+
     def __call__(self, handler: Handler, msg: Message) -> Any:
         start = self._starter()
         if start is None:
-            return handler(msg)
+            return self._call(handler, msg)
         if inspect.iscoroutinefunction(handler):  # the loop's own test for an async handler
             return self._run_async(start, handler, msg)
         parent, state = trace_context_of(msg)
         with start(f"{msg.topic} process", parent, state, span_attributes(msg)):
-            return handler(msg)
+            return self._call(handler, msg)
 
-    @staticmethod
-    async def _run_async(start: SpanStarter, handler: Callable[[Message], Awaitable[Any]],
-                         msg: Message) -> Any:
+    async def _run_async(self, start: SpanStarter, handler: Handler, msg: Message) -> Any:
         parent, state = trace_context_of(msg)
         with start(f"{msg.topic} process", parent, state, span_attributes(msg)):
-            return await handler(msg)
+            pending: Awaitable[Any] = self._call(handler, msg)
+            return await pending
 
 
-#: the invoker to pass as ``Worker(invoke=...)``: OpenTelemetry spans when installed, else a
-#: plain call
-traced_invoke = TracedInvoke()
+#: the invoker to pass as ``Worker(invoke=...)``: the Worker's default activity context, inside
+#: an OpenTelemetry span per attempt when OpenTelemetry is installed (else no span at all)
+traced_invoke = TracedInvoke(inner=ActivityInvoker())

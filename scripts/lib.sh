@@ -94,6 +94,10 @@ source "$ROOT/scripts/services.sh"
 ensure_all() {
   ensure_python
   ensure_kafka
+  # docker-compose.yml's end-to-end test needs a compose tool (Debian's docker-compose here)
+  if docker_up && ! docker compose version >/dev/null 2>&1; then
+    command -v docker-compose >/dev/null 2>&1 || apt_install docker-compose || true
+  fi
 }
 
 # PostgreSQL and Redis for the idempotency-store tests (Debian packages, loopback only).

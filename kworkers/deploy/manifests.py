@@ -149,17 +149,35 @@ def manifests(
     return files
 
 
-def render(config: WorkerConfig, **kwargs: Any) -> dict[str, str]:
+def render(
+    config: WorkerConfig,
+    *,
+    image: str,
+    app: str,
+    module: str,
+    partitions: int,
+    namespace: str = "default",
+    max_replicas: int | None = None,
+    min_replicas: int = 0,
+    metrics_port: int = 9100,
+    sasl_secret: str | None = None,
+    scaler: ScalerSettings | None = None,
+    resources: Resources | None = None,
+) -> dict[str, str]:
     """File name (``k8s/...`` or ``keda/...``) -> YAML text, for ``kworkers deploy render``.
 
-    Arguments as ``manifests``: ``image``, ``app`` (names every object), ``module``
-    (``package.module[:attr]`` holding the ``Worker``), ``partitions`` (of the source topics:
-    ``maxReplicaCount`` may not exceed it; ``ConfigError`` otherwise), ``namespace``,
-    ``max_replicas`` (default: ``partitions``), ``min_replicas`` (0: scale to zero),
-    ``metrics_port``, ``sasl_secret`` (a Secret with ``username`` and ``password`` keys),
-    ``scaler`` (``ScalerSettings``), ``resources``.
+    ``image``: the worker image; ``app``: names every object (a DNS label); ``module``:
+    ``package.module[:attr]`` holding the ``Worker`` (``:worker`` when no attribute is given);
+    ``partitions``: of the source topics; ``maxReplicaCount`` (``max_replicas``, default
+    ``partitions``) may not exceed it (``ConfigError``); ``min_replicas`` 0 lets KEDA scale to
+    zero; ``sasl_secret``: a Secret with ``username`` and ``password`` keys, used by the pods
+    and by KEDA; ``scaler``: the Kafka trigger settings (``DEFAULT_SCALER``); ``resources``:
+    container requests and limits.
     """
-    objs = manifests(config, **kwargs)
+    objs = manifests(config, image=image, app=app, module=module, partitions=partitions,
+                     namespace=namespace, max_replicas=max_replicas, min_replicas=min_replicas,
+                     metrics_port=metrics_port, sasl_secret=sasl_secret, scaler=scaler,
+                     resources=resources)
     return {name: dump(obj, _COMMENTS[name]) for name, obj in objs.items()}
 
 

@@ -180,8 +180,11 @@ def redrive(
     if not dry_run:
         ledger = ledger_topic(dlq)
         if ledger not in have:
+            # one partition is plenty (a key per dead letter ever replayed); the broker's
+            # default replication, as for any topic an operator tool creates in production
             create_topics(admin_client(bootstrap), [TopicSpec(
-                ledger, partitions=1, config={"cleanup.policy": "compact"})])
+                ledger, partitions=1, replication_factor=-1,
+                config={"cleanup.policy": "compact"})])
         producer = Producer(client_conf(
             bootstrap, **{"transactional.id": transactional_id(dlq),
                           "enable.idempotence": True, "acks": "all", "linger.ms": 5,

@@ -40,7 +40,7 @@ def test_durations(text: object, seconds: float) -> None:
 
 @pytest.mark.parametrize("bad", ["", "1x", "s", "-1s", "0s", "1 d", True, None, [1], "nan"])
 def test_bad_durations_name_the_setting(bad: object) -> None:
-    with pytest.raises(ConfigError, match="^--tiers"):
+    with pytest.raises(ConfigError, match=r"^--tiers"):
         parse_duration(bad, "--tiers")
 
 
@@ -52,7 +52,7 @@ def test_tiers_from_labels_and_lists() -> None:
 
 @pytest.mark.parametrize("bad", ["", ",", "5s,1s", "1s,1s", "1x", "1.0005s", 7])
 def test_bad_tiers(bad: object) -> None:
-    with pytest.raises(ConfigError, match="^tiers"):
+    with pytest.raises(ConfigError, match=r"^tiers"):
         parse_tiers(bad)
 
 
@@ -142,7 +142,7 @@ def test_load_toml_file_errors(tmp_path: Path) -> None:
 
 def test_flags_skip_unset_values() -> None:
     assert from_flags({"concurrency": None, "topics": (), "group_id": "g"}) == {"group_id": "g"}
-    with pytest.raises(ConfigError, match="^--concurrency"):
+    with pytest.raises(ConfigError, match=r"^--concurrency"):
         from_flags({"concurrency": 0})
 
 

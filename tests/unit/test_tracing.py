@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kworkers import Message
+from kworkers import Message, activity
 from kworkers.consumer.loop import Invoker
 from kworkers.tracing import (
     TracedInvoke,
@@ -208,6 +208,49 @@ def test_no_tracer_is_a_plain_call() -> None:
         return "a"
 
     assert asyncio.run(invoke(handler, m)) == "a"
+
+
+def test_the_span_wraps_the_inner_invoker() -> None:
+    tracer = FakeTracer()
+    order: list[str] = []
+
+    def inner(handler: Any, msg: Message) -> Any:
+        order.append(f"inner open={tracer.open}")
+        return handler(msg)
+
+    def handler(m: Message) -> str:
+        order.append("handler")
+        return "x"
+
+    assert TracedInvoke(tracer, inner=inner)(handler, msg()) == "x"
+    assert order == ["inner open=1", "handler"]
+
+    async def ahandler(m: Message) -> str:
+        order.append("async handler")
+        return "y"
+
+    def ainner(handler: Any, msg: Message) -> Any:
+        order.append(f"async inner open={tracer.open}")
+        return handler(msg)
+
+    order.clear()
+    assert asyncio.run(TracedInvoke(tracer, inner=ainner)(ahandler, msg())) == "y"
+    assert order == ["async inner open=1", "async handler"]
+
+
+def test_traced_invoke_keeps_the_activity_context() -> None:
+    seen: list[int] = []
+
+    def handler(m: Message) -> None:
+        seen.append(activity.attempt())
+
+    traced_invoke(handler, msg(attempt=4))
+
+    async def ahandler(m: Message) -> None:
+        seen.append(activity.attempt())
+
+    asyncio.run(traced_invoke(ahandler, msg(attempt=5)))
+    assert seen == [4, 5]
 
 
 HAVE_OTEL = importlib.util.find_spec("opentelemetry") is not None

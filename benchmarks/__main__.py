@@ -1,0 +1,40 @@
+"""``python -m benchmarks NAME [--quick | --smoke]``: one benchmark, one broker, one RESULT line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from benchmarks.common import Mode
+
+BENCHMARKS = ("throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="kworkers benchmarks; each ends with one 'RESULT NAME key=value ...' line.")
+    ap.add_argument("name", choices=BENCHMARKS)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a smaller run, under 60 s")
+    size.add_argument("--smoke", action="store_true",
+                      help="a tiny run (seconds of work), for the smoke test only")
+    ap.add_argument("--profile", action="store_true",
+                    help="throughput only: profile the kworkers side with pyinstrument instead")
+    ap.add_argument("--profile-html", metavar="PATH",
+                    help="throughput --profile: also write the profile as HTML to PATH")
+    args = ap.parse_args(argv)
+    mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
+    if args.profile and args.name != "throughput":
+        ap.error("--profile applies to the throughput benchmark only")
+    module = importlib.import_module(f"benchmarks.{args.name}")
+    if args.name == "throughput":
+        module.main(mode, profile=args.profile, profile_out=args.profile_html)
+    else:
+        module.main(mode)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

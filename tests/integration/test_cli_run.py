@@ -1,0 +1,162 @@
+"""`kworkers run`: settings from flags, env and TOML; one or N processes; clean SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kworkers.testing import Broker
+from kworkers.testing.broker import free_port
+from kworkers.testing.effects import Ledger
+from kworkers.testing.workload import committed_total, make_topic, produce_numbered, unique
+from tests.integration.conftest import wait_for
+from tests.integration.test_cli_support import ROOT, cli, one_error_line
+
+pytestmark = pytest.mark.integration
+
+APP = '''
+import os
+from kworkers import TierLadder, Worker
+from kworkers.testing.effects import Ledger
+
+# placeholders: kworkers.toml, KWORKERS_* and flags supply the real settings
+worker = Worker(topics=["placeholder"], group_id="placeholder", tiers=TierLadder((0.25,)))
+_ledger = Ledger(os.environ["KW_TEST_LEDGER"])
+
+
+@worker.handler
+def handle(msg):
+    v = (msg.value or b"").decode()
+    _ledger.delivered(v, msg.topic, msg.partition, msg.offset, msg.attempt)
+    _ledger.apply_once(v, v)
+
+
+def make():
+    return worker
+'''
+
+
+def _app(tmp_path: Path, topic: str, group: str) -> Path:
+    (tmp_path / "cliapp.py").write_text(APP)
+    (tmp_path / "kworkers.toml").write_text(
+        f'topics = ["{topic}"]\n'
+        f'group_id = "{group}"\n'
+        "drain_timeout = 10\n"
+        "[consumer_config]\n"
+        '"session.timeout.ms" = 6000\n'
+        '"heartbeat.interval.ms" = 500\n'
+    )
+    return tmp_path
+
+
+def _start(tmp_path: Path, bs: str, *args: str) -> subprocess.Popen[str]:
+    """``kworkers run ARGS`` in the background; its output goes to run.log (a pipe nobody
+    reads could fill up and block the workers' logging)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KWORKERS_BOOTSTRAP_SERVERS": bs,
+           "KWORKERS_CONCURRENCY": "2", "KW_TEST_LEDGER": str(tmp_path / "ledger.db")}
+    with open(tmp_path / "run.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "kworkers.cli", "run", *args],
+                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                text=True)
+
+
+def _log(tmp_path: Path) -> str:
+    return (tmp_path / "run.log").read_text()[-3000:]
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop(p: subprocess.Popen[str], tmp_path: Path) -> int:
+    p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError(f"kworkers run did not stop on SIGTERM:\n{_log(tmp_path)}"
+                             ) from None
+
+
+def test_one_process_with_settings_from_toml_env_and_flags(kafka_broker: Broker,
+                                                           tmp_path: Path) -> None:
+    bs = kafka_broker.bootstrap_servers
+    topic, group = make_topic(bs, unique("run"), 3), unique("g")
+    _app(tmp_path, topic, "group-from-toml")  # the flag below must win over this
+    made = cli("topics", "create", "-b", bs, "-t", topic, "--tiers", "250ms")
+    assert made.returncode == 0, made.stderr
+    port = free_port()
+    p = _start(tmp_path, bs, "cliapp:worker", "--config", "kworkers.toml", "--group", group,
+               "--metrics-port", str(port))
+    try:
+        wait_for(lambda: _ready(port) or p.poll() is not None, 60, "/readyz")
+        assert p.poll() is None, _log(tmp_path)
+        produce_numbered(bs, topic, 60)
+        ledger = Ledger(tmp_path / "ledger.db")
+        wait_for(lambda: ledger.counts()[1] >= 60, 60, "60 effects")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert b"kworkers_records_total" in r.read()
+    finally:
+        code = _stop(p, tmp_path)
+    assert code == 0, _log(tmp_path)
+    assert sorted(int(v) for v in ledger.effect_values()) == list(range(60))
+    assert committed_total(bs, group, topic, 3) == 60  # committed as the flag's group
+    assert committed_total(bs, "group-from-toml", topic, 3) == 0
+
+
+def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
+                                                     tmp_path: Path) -> None:
+    bs = kafka_broker.bootstrap_servers
+    topic, group = make_topic(bs, unique("pool"), 6), unique("g")
+    _app(tmp_path, topic, group)
+    assert cli("topics", "create", "-b", bs, "-t", topic, "--tiers", "250ms").returncode == 0
+    port = free_port()
+    p = _start(tmp_path, bs, "cliapp:make", "--processes", "2", "--config", "kworkers.toml",
+               "--metrics-port", str(port))
+    try:
+        wait_for(lambda: (_ready(port) and _ready(port + 1)) or p.poll() is not None, 90,
+                 "both worker processes ready")
+        assert p.poll() is None, _log(tmp_path)
+        produce_numbered(bs, topic, 100)
+        ledger = Ledger(tmp_path / "ledger.db")
+        wait_for(lambda: ledger.counts()[1] >= 100, 60, "100 effects")
+    finally:
+        code = _stop(p, tmp_path)
+    assert code == 0, _log(tmp_path)
+    assert not _ready(port) and not _ready(port + 1)  # both children are gone
+    assert committed_total(bs, group, topic, 6) == 100
+
+
+def test_missing_topics_and_bad_targets_are_one_line(kafka_broker: Broker,
+                                                     tmp_path: Path) -> None:
+    bs = kafka_broker.bootstrap_servers
+    _app(tmp_path, "no-such-topic-kw", "g")
+    env = {"KW_TEST_LEDGER": str(tmp_path / "ledger.db"), "KWORKERS_BOOTSTRAP_SERVERS": bs}
+    p = cli("run", "cliapp:worker", "--config", "kworkers.toml", cwd=tmp_path, env=env)
+    assert p.returncode == 2
+    assert "topics missing" in one_error_line(p)
+    p = cli("run", "cliapp:nothing", cwd=tmp_path, env=env)
+    assert p.returncode == 2
+    assert "has no attribute 'nothing'" in one_error_line(p)
+    p = cli("run", "cliapp:worker", "--config", "missing.toml", cwd=tmp_path, env=env)
+    assert p.returncode == 2
+    assert "cannot read config file" in one_error_line(p)
+    p = cli("run", "cliapp:worker", cwd=tmp_path, env={**env, "KWORKERS_CONCURRENCY": "lots"})
+    assert p.returncode == 2
+    assert "KWORKERS_CONCURRENCY: expected a whole number" in one_error_line(p)
+    p = cli("run", "cliapp:worker", "--topic", "x", cwd=tmp_path,
+            env={**env, "KWORKERS_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert p.returncode == 2
+    assert "cannot reach Kafka at 127.0.0.1:1" in one_error_line(p)
