@@ -97,6 +97,12 @@ class WorkerConfig:
                     "group_protocol='consumer' (KIP-848); the broker's group.consumer.* rule"
                 )
 
+    def client_security(self) -> dict[str, str | int | float | bool]:
+        """The connection settings (security.*, sasl.*, ssl.*) every client of the worker needs:
+        its admin client and hand-off producer too, not only the consumer."""
+        return {k: v for k, v in self.consumer_config.items()
+                if k.startswith(("security.", "sasl.", "ssl."))}
+
     @property
     def retry_group_id(self) -> str:
         """Tier topics have a group of their own, so waiting retries never count as main lag."""

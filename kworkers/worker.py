@@ -16,6 +16,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
 
+from confluent_kafka import KafkaException
+
 from kworkers.activity import ActivityInvoker
 from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
 from kworkers.clock import Clock, SystemClock
@@ -111,7 +113,7 @@ class Worker:
     def topic_specs(self, partitions: int | None = None) -> list[TopicSpec]:
         """The tier and DLQ topics this worker needs, sized like their source topics."""
         cfg = self.config
-        have = existing_topics(admin_client(cfg.bootstrap_servers))
+        have = existing_topics(self._admin())
         specs = []
         for src in cfg.topics:
             n = partitions or have.get(src, 6)
@@ -120,12 +122,20 @@ class Worker:
         return specs
 
     def create_topics(self, partitions: int | None = None) -> list[str]:
-        return create_topics(admin_client(self.config.bootstrap_servers),
-                             self.topic_specs(partitions))
+        return create_topics(self._admin(), self.topic_specs(partitions))
+
+    def _admin(self) -> Any:
+        cfg = self.config
+        extra = {k: str(v) for k, v in cfg.client_security().items()}
+        return admin_client(cfg.bootstrap_servers, extra)
 
     def check_topics(self) -> None:
         cfg = self.config
-        have = existing_topics(admin_client(cfg.bootstrap_servers))
+        try:
+            have = existing_topics(self._admin())
+        except KafkaException as exc:
+            raise ConfigError(f"cannot reach Kafka at {cfg.bootstrap_servers}: "
+                              f"{_reason(exc)}") from None
         need = [*cfg.topics, *cfg.tier_topics(), *cfg.dlq_topics()]
         missing = [t for t in need if t not in have]
         if missing:
@@ -143,8 +153,8 @@ class Worker:
         is_async = _is_async(handler)
         pool = None if is_async else DaemonPool(cfg.concurrency)
         aio = AsyncRuntime(cfg.concurrency) if is_async else None
-        sender = self._sender or KafkaSender(producer_settings(cfg.bootstrap_servers,
-                                                               cfg.producer_config))
+        sender = self._sender or KafkaSender(producer_settings(
+            cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
         main = self._loop(cfg.group_id, cfg.topics, handler, sender, pool, aio, delayed=False)
         tier = self._loop(cfg.retry_group_id, cfg.tier_topics(), handler, sender, pool, aio,
                           delayed=True)
@@ -200,6 +210,12 @@ class Worker:
                 signal.signal(s, h)
 
         return restore
+
+
+def _reason(exc: KafkaException) -> str:
+    """The client's error text, which names the failure but never the credentials."""
+    err = exc.args[0] if exc.args else exc
+    return str(getattr(err, "str", lambda: err)())
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

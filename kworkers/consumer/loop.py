@@ -42,6 +42,8 @@ Completion = tuple[PartitionState, list[int], int, int, float]
 
 POLL_TIMEOUT = 0.1
 HANDOFF_TIMEOUT = 60.0
+#: how often the consumer-lag gauge is refreshed (from the client's cached watermarks)
+LAG_INTERVAL_S = 5.0
 #: a runner reports completions at least this often within a long batch
 PARTIAL_POST_S = 0.05
 
@@ -148,6 +150,7 @@ class ConsumerLoop:
         self._buffer_paused = False
         self._draining = False
         self._last_watchdog = 0.0
+        self._last_lag = 0.0
         self._dispatches = 0
         self.ready = threading.Event()
         self.closed = threading.Event()
@@ -192,6 +195,9 @@ class ConsumerLoop:
             self._watchdog()
         self._backpressure()
         now = self.clock.monotonic()
+        if now - self._last_lag >= LAG_INTERVAL_S:
+            self._last_lag = now
+            self._report_lag()
         if self.config.commit.should_commit(now, self._last_commit, self._since_commit):
             self._commit(list(self.parts.values()), "periodic")
             self._last_commit = now
@@ -608,6 +614,25 @@ class ConsumerLoop:
             self.consumer.resume(to_resume)
         self._m_in_flight.set(total)
         self._m_paused.set(sum(1 for ps in parts.values() if ps.paused))
+
+    def _report_lag(self) -> None:
+        """High watermark minus committed position, per owned partition (no broker round trip:
+        the client caches watermarks from its fetch responses)."""
+        watermarks = getattr(self.consumer, "watermarks", None)
+        if watermarks is None:
+            return
+        for ps in list(self.parts.values()):
+            try:
+                _lo, hi = watermarks(ps.tp, 0.0)
+            except Exception:  # not fetched yet: nothing cached
+                continue
+            if hi < 0:
+                continue
+            base = ps.tracker.committed
+            if base is None:
+                base = ps.tracker.position
+            lag = hi - base if base is not None else hi
+            self.metrics.lag.labels(self.group, ps.topic, str(ps.partition)).set(max(0, lag))
 
     # ------------------------------------------------------------------ commits
 

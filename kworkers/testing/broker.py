@@ -38,6 +38,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def sasl_env(port: int, controller_port: int, sasl_port: int,
+             users: dict[str, str]) -> dict[str, str]:
+    """A SASL_PLAINTEXT listener (mechanism PLAIN) beside the plaintext one, for these users."""
+    jaas = "org.apache.kafka.common.security.plain.PlainLoginModule required " + " ".join(
+        f'user_{u}="{p}"' for u, p in users.items()) + ";"
+    return {
+        "KAFKA_LISTENERS": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:"
+                           f"{controller_port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://127.0.0.1:{port},"
+                                      f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":
+            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "KAFKA_SASL_ENABLED_MECHANISMS": "PLAIN",
+        "KAFKA_LISTENER_NAME_SASL__PLAINTEXT_PLAIN_SASL_JAAS_CONFIG": jaas,
+    }
+
+
 def _server_env(port: int, controller_port: int) -> dict[str, str]:
     """Full KRaft single-node config in the official image's KAFKA_* convention.
 
@@ -146,13 +163,19 @@ class ContainerBroker:
 
     supports_faults = True
 
-    def __init__(self, image: str = DEFAULT_KAFKA_IMAGE, extra_env: dict[str, str] | None = None):
+    def __init__(self, image: str = DEFAULT_KAFKA_IMAGE, extra_env: dict[str, str] | None = None,
+                 sasl_users: dict[str, str] | None = None):
         os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         self.image = image
         self.port = free_port()
         self.controller_port = free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         self.env = {**_server_env(self.port, self.controller_port), **(extra_env or {})}
+        self.sasl_bootstrap: str | None = None
+        if sasl_users:
+            sasl_port = free_port()
+            self.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
+            self.env.update(sasl_env(self.port, self.controller_port, sasl_port, sasl_users))
         self._tc: Any = None
 
     def _container(self) -> Any:
@@ -209,7 +232,8 @@ class ProcessBroker:
 
     supports_faults = True
 
-    def __init__(self, kafka_home: Path | None = None, extra_env: dict[str, str] | None = None):
+    def __init__(self, kafka_home: Path | None = None, extra_env: dict[str, str] | None = None,
+                 sasl_users: dict[str, str] | None = None):
         self.home = kafka_home or default_kafka_home()
         runner = self.home / "bin" / "kafka-run"
         if not runner.exists():
@@ -229,6 +253,11 @@ class ProcessBroker:
             "KAFKA_LOG_DIRS": str(self.workdir / "data"),
             **(extra_env or {}),
         }
+        self.sasl_bootstrap: str | None = None
+        if sasl_users:
+            sasl_port = free_port()
+            self.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
+            self.env.update(sasl_env(self.port, self.controller_port, sasl_port, sasl_users))
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -274,14 +303,16 @@ class ProcessBroker:
         return path.read_text("utf-8", "replace") if path.exists() else ""
 
 
-def broker_from_env(extra_env: dict[str, str] | None = None) -> Broker:
+def broker_from_env(extra_env: dict[str, str] | None = None,
+                    sasl_users: dict[str, str] | None = None) -> Broker:
     """The broker this environment asks for (not started yet)."""
     bootstrap = os.environ.get("KWORKERS_BOOTSTRAP")
     if bootstrap:
         return ExternalBroker(bootstrap)
     if os.environ.get("KWORKERS_BROKER", "container") == "process":
-        return ProcessBroker(extra_env=extra_env)
-    return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE") or default_image(), extra_env)
+        return ProcessBroker(extra_env=extra_env, sasl_users=sasl_users)
+    return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE") or default_image(), extra_env,
+                           sasl_users)
 
 
 LOCAL_KAFKA_IMAGE = f"kworkers/kafka:{KAFKA_VERSION}-local"
