@@ -36,7 +36,7 @@ log = logging.getLogger("kworkers.consumer")
 
 TP = tuple[str, int]
 Handler = Callable[[Message], Any]
-Outcome = Literal["retry", "dlq"]
+Outcome = Literal["ok", "retry", "dlq"]
 # (partition state, completed offsets, retried, dead-lettered, handler seconds)
 Completion = tuple[PartitionState, list[int], int, int, float]
 
@@ -89,6 +89,52 @@ class Invoker(Protocol):
 
 def plain_invoke(handler: Handler, msg: Message) -> Any:
     return handler(msg)
+
+
+class _Progress:
+    """A runner's unreported completions: posted per batch, or sooner within a slow batch so a
+    revoke or a crash soon after does not redeliver the fast records ahead of a slow one.
+
+    ``lane.done`` always names the current list, so a revoke can collect it from a runner that
+    is stuck on a later record.
+    """
+
+    __slots__ = ("dead", "done", "lane", "q", "retried", "t0")
+
+    def __init__(self, q: SimpleQueue[Completion], lane: Lane) -> None:
+        self.q = q
+        self.lane = lane
+        self._reset()
+
+    def _reset(self) -> None:
+        self.done: list[int] = []
+        self.lane.done = self.done
+        self.retried = 0
+        self.dead = 0
+        self.t0 = time.perf_counter()
+
+    def record(self, offset: int, outcome: Outcome) -> None:
+        self.done.append(offset)
+        if outcome == "retry":
+            self.retried += 1
+        elif outcome == "dlq":
+            self.dead += 1
+        if time.perf_counter() - self.t0 > PARTIAL_POST_S:
+            self.post()
+
+    def post(self) -> None:
+        self.q.put((self.lane.part, self.done, self.retried, self.dead,
+                    time.perf_counter() - self.t0))
+        self._reset()
+
+    def finish(self, inc: int, stop: bool) -> None:
+        self.post()
+        if stop:
+            lane = self.lane
+            with lane.lock:
+                if lane.incarnation == inc:
+                    lane.queue = []
+                    lane.running = False
 
 
 class ConsumerLoop:
@@ -351,19 +397,15 @@ class ConsumerLoop:
         handler = self.handler
         invoke = self.invoke
         _current_lane.set(lane)
-        done: list[int] = []
-        lane.done = done
-        retried = dead = 0
+        prog = _Progress(self._done, lane)
         if timed_out is not None:  # the watchdog took this lane from a stuck runner
-            outcome = self._fail(ps, timed_out, TimeoutError(
+            first = self._fail(ps, timed_out, TimeoutError(
                 f"handler exceeded its {self.config.message_timeout}s deadline"))
-            if outcome is None:
-                self._finish(lane, inc, done, 0, 0, 0.0, stop=True)
+            if first is None:
+                prog.finish(inc, stop=True)
                 return
-            done.append(timed_out.offset)
-            retried, dead = (1, 0) if outcome == "retry" else (0, 1)
+            prog.record(timed_out.offset, first)
         while True:
-            t0 = time.perf_counter()
             stopped = False
             for i, item in enumerate(batch):
                 if ps.revoking:
@@ -376,6 +418,7 @@ class ConsumerLoop:
                             break
                         lane.current, lane.started, lane.batch, lane.pos = (
                             msg, time.monotonic(), batch, i)
+                outcome: Outcome = "ok"
                 try:
                     if isinstance(item, Poisoned):
                         raise item.exc
@@ -383,50 +426,28 @@ class ConsumerLoop:
                 except Exception as exc:
                     if timed and lane.incarnation != inc:
                         break  # the deadline already routed this record
-                    outcome = self._fail(ps, msg, exc)
-                    if outcome is None:
+                    handed = self._fail(ps, msg, exc)
+                    if handed is None:
                         stopped = True
                         break
-                    if outcome == "retry":
-                        retried += 1
-                    else:
-                        dead += 1
+                    outcome = handed
                 else:
                     if timed and lane.incarnation != inc:
                         break  # late result of a record the deadline already routed: fenced
-                done.append(msg.offset)
-                if time.perf_counter() - t0 > PARTIAL_POST_S:
-                    # A slow batch: report what is done so far, so a revoke or a crash soon
-                    # after does not redeliver the fast records ahead of the slow one.
-                    self._done.put((ps, done, retried, dead, time.perf_counter() - t0))
-                    done, retried, dead = [], 0, 0
-                    lane.done = done
-                    t0 = time.perf_counter()
-            elapsed = time.perf_counter() - t0
+                prog.record(msg.offset, outcome)
             if timed and lane.incarnation != inc:
-                self._done.put((ps, done, retried, dead, elapsed))
+                prog.post()
                 return
             if timed:
                 lane.current = None
             if stopped:
-                self._finish(lane, inc, done, retried, dead, elapsed, stop=True)
+                prog.finish(inc, stop=True)
                 return
-            self._done.put((ps, done, retried, dead, elapsed))
-            done, retried, dead = [], 0, 0
-            lane.done = done
+            prog.post()
             nxt = self._next_batch(lane, inc)
             if nxt is None:
                 return
             batch = nxt
-
-    def _finish(self, lane: Lane, inc: int, done: list[int], retried: int, dead: int,
-                elapsed: float, stop: bool) -> None:
-        self._done.put((lane.part, done, retried, dead, elapsed))
-        if stop:
-            with lane.lock:
-                if lane.incarnation == inc:
-                    lane.queue = []
-                    lane.running = False
 
     async def _run_async(self, lane: Lane, batch: list[Item], inc: int) -> None:
         assert self.aio is not None
@@ -436,17 +457,15 @@ class ConsumerLoop:
         timeout = self.config.message_timeout
         handler = self.handler
         invoke = self.invoke
+        prog = _Progress(self._done, lane)
         while True:
-            done: list[int] = []
-            lane.done = done
-            retried = dead = 0
-            t0 = time.perf_counter()
             stopped = False
             for item in batch:
                 if ps.revoking:
                     stopped = True
                     break
                 msg = item.msg if isinstance(item, Poisoned) else item
+                outcome: Outcome = "ok"
                 try:
                     if isinstance(item, Poisoned):
                         raise item.exc
@@ -459,25 +478,16 @@ class ConsumerLoop:
                 except Exception as exc:
                     if isinstance(exc, TimeoutError):
                         exc = TimeoutError(f"handler exceeded its {timeout}s deadline")
-                    outcome = await asyncio.to_thread(self._fail, ps, msg, exc)
-                    if outcome is None:
+                    handed = await asyncio.to_thread(self._fail, ps, msg, exc)
+                    if handed is None:
                         stopped = True
                         break
-                    if outcome == "retry":
-                        retried += 1
-                    else:
-                        dead += 1
-                done.append(msg.offset)
-                if time.perf_counter() - t0 > PARTIAL_POST_S:
-                    self._done.put((ps, done, retried, dead, time.perf_counter() - t0))
-                    done, retried, dead = [], 0, 0
-                    lane.done = done
-                    t0 = time.perf_counter()
-            elapsed = time.perf_counter() - t0
+                    outcome = handed
+                prog.record(msg.offset, outcome)
             if stopped:
-                self._finish(lane, inc, done, retried, dead, elapsed, stop=True)
+                prog.finish(inc, stop=True)
                 return
-            self._done.put((ps, done, retried, dead, elapsed))
+            prog.post()
             nxt = self._next_batch(lane, inc)
             if nxt is None:
                 return
