@@ -119,3 +119,25 @@ def test_sigkill_mid_batch_loses_nothing_and_redelivers_only_uncommitted(
     finally:
         for w in workers:
             w.close()
+
+
+def test_second_signal_exits_at_once(kafka_broker: Broker, tmp_path: Path) -> None:
+    """SIGTERM starts a drain; a second SIGTERM during a long drain ends the process now."""
+    bs = kafka_broker.bootstrap_servers
+    topic, group = make_topic(bs, unique("twice"), 1), unique("g")
+    ledger_path = tmp_path / "ledger.db"
+    ledger = Ledger(ledger_path)
+    (w,) = _workers(1, bs, topic, group, ledger_path, tmp_path, "--slow-ms", "20000")
+    from kworkers.testing.workload import produce_numbered
+
+    produce_numbered(bs, topic, 3)
+    try:
+        w.start()
+        wait_for(lambda: ledger.counts()[0] >= 1, 90, "a handler running")  # stuck 20 s
+        assert w.proc is not None
+        w.proc.send_signal(15)
+        time.sleep(0.5)
+        assert w.alive  # draining: waits for the stuck handler
+        assert w.terminate(timeout=10) == 128 + 15  # the second signal: at once
+    finally:
+        w.close()
