@@ -80,21 +80,8 @@ def load_target(spec: str) -> Worker:
 
 
 def with_config(worker: Worker, config: WorkerConfig) -> Worker:
-    """A worker like ``worker`` with another config: same handler, metrics, clock, invoker.
-
-    There is no public way to change a built worker's config yet, so this reads its private
-    handler, invoker and sender (see the report for ``Worker.with_config``).
-    """
-    if worker._handler is None:
-        raise ConfigError("the worker has no handler: decorate a function with @worker.handler")
-    if config == worker.config:
-        return worker
-    same_seed = config.jitter_seed == worker.config.jitter_seed
-    new = Worker(config=config, metrics=worker.metrics, clock=worker.clock,
-                 jitter=worker.jitter if same_seed else None, sender=worker._sender,
-                 invoke=worker._invoke)
-    new.handler(worker._handler)
-    return new
+    """A worker like ``worker`` with another config (``Worker.with_config``)."""
+    return worker.with_config(config)
 
 
 def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str],

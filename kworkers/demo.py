@@ -391,7 +391,7 @@ class FlakyDemo:
                     f"dead-lettered ({tail.records} DLQ records)")
             both = len(applied_now & tail.keys)
             if both or tail.records > len(tail.keys):
-                c.print(f"  {both} activities were applied *and* dead-lettered, and "
+                c.print(f"  {both} activities were applied and also dead-lettered, and "
                         f"{tail.records - len(tail.keys)} dead-lettered twice: a SIGKILL "
                         "between a hand-off and its offset commit redelivers the record, "
                         "which then runs again; the redrive's replays of those are absorbed")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kworkers.errors import ConfigError
+from kworkers.lag import partition_lag as lag_of
 
 OffsetResetPolicy = Literal["latest", "earliest"]
 TP = tuple[str, int]
@@ -129,13 +130,10 @@ class ScaleDecision:
 def partition_lag(settings: ScalerSettings, p: PartitionOffsets,
                   previous_committed: Mapping[TP, int] | None) -> tuple[int, int]:
     """(lag counted for scaling, lag counted for activation) of one partition."""
+    full = lag_of(p.latest, p.committed if p.has_commit else None,
+                  settings.offset_reset_policy, settings.scale_to_zero_on_invalid_offset)
     if not p.has_commit:
-        if settings.scale_to_zero_on_invalid_offset:
-            return 0, 0
-        full = 1 if settings.offset_reset_policy == "latest" else p.latest
         return full, full
-    assert p.committed is not None
-    full = p.latest - p.committed
     if settings.exclude_persistent_lag and previous_committed is not None:
         before = previous_committed.get(p.tp)
         if before is not None and before == p.committed:

@@ -95,6 +95,20 @@ class Worker:
         self._handler = fn
         return fn
 
+    def with_config(self, config: WorkerConfig) -> Worker:
+        """A worker like this one under another config: same handler, metrics, clock, invoker
+        and sender (how ``kworkers run`` applies flags, env and TOML to a user's worker)."""
+        if self._handler is None:
+            raise ConfigError("the worker has no handler: decorate a function with @worker.handler")
+        if config == self.config:
+            return self
+        same_seed = config.jitter_seed == self.config.jitter_seed
+        new = Worker(config=config, metrics=self.metrics, clock=self.clock,
+                     jitter=self.jitter if same_seed else None, sender=self._sender,
+                     invoke=self._invoke)
+        new.handler(self._handler)
+        return new
+
     @property
     def loops(self) -> list[ConsumerLoop]:
         """The main loop, then the retry loop (empty before ``run``)."""
