@@ -21,7 +21,8 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from kworkers.errors import ConfigError
 from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
@@ -31,6 +32,14 @@ __all__ = ["Outbox", "OutboxRecord", "Send"]
 
 #: Produce one record and return once it is acknowledged; raise when it is not.
 Send = Callable[[str, bytes | None, bytes | None, Headers], None]
+
+
+class SenderLike(Protocol):
+    """kworkers' ``Sender`` seam (``kworkers.retry_tiers.router.Sender``), restated here so the
+    outbox needs no import from the consumer side."""
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None,
+             headers: Headers) -> Future[None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +169,13 @@ class Outbox:
         while not stop.is_set():
             if self.relay_once(send, limit) < limit:
                 stop.wait(idle_s)
+
+
+def blocking_send(sender: SenderLike, timeout: float = 30.0) -> Send:
+    """A relay ``send`` over kworkers' hand-off producer (``KafkaSender``): returns only once the
+    broker acknowledged the record, so ``mark_sent`` never forgets an unsent one."""
+
+    def send(topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        sender.send(topic, key, value, headers).result(timeout)
+
+    return send
