@@ -1,4 +1,4 @@
-"""The transactional form end to end: effect + outbox record in one transaction, relayed to Kafka."""
+"""The transactional form end to end: effect and outbox record commit together, then relay."""
 
 from __future__ import annotations
 
