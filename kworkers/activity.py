@@ -23,32 +23,41 @@ import contextvars
 import inspect
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kworkers.clock import Clock, SystemClock
+from kworkers.consumer.loop import current_lane
+from kworkers.consumer.partition import Lane
 from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers
 from kworkers.errors import ConfigError, DecodeError, FencedError, RetryableError
 from kworkers.idempotency.store import ClaimState, IdempotencyStore
 from kworkers.message import Message
 
+_UNSET: Any = object()
 
-@dataclass
+
 class _Context:
-    msg: Message
-    key: str | None
-    task: ActivityTask | None
-    details: bytes | None
-    token: int | None
-    attempt: int
-    store: IdempotencyStore | None
-    lease_s: float
-    clock: Clock
-    touch: Callable[[], None] | None
-    fenced: Callable[[], bool]
-    heartbeats: int = 0
+    """One attempt's context; the key and the lane hooks are worked out only when asked for,
+    so a handler that never calls into ``activity`` pays almost nothing per record."""
+
+    __slots__ = ("attempt", "details", "heartbeats", "invoker", "key", "lane", "msg", "task",
+                 "token")
+
+    def __init__(self, msg: Message, invoker: ActivityInvoker | None, key: str | None = _UNSET,
+                 task: ActivityTask | None = None, details: bytes | None = None,
+                 token: int | None = None, attempt: int | None = None) -> None:
+        self.msg = msg
+        self.invoker = invoker
+        self.key = key
+        self.task = task
+        self.details = details
+        self.token = token
+        self.attempt = msg.attempt if attempt is None else attempt
+        self.lane: Lane | None = current_lane.get()
+        self.heartbeats = 0
 
 
 _current: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
@@ -64,11 +73,14 @@ def _ctx() -> _Context:
 
 def idempotency_key() -> str:
     ctx = _ctx()
+    if ctx.key is _UNSET:
+        ids = ids_from_headers(ctx.msg.headers)
+        ctx.key = f"{ids[0]}/{ids[1]}" if ids else None
     if ctx.key is None:
         raise DecodeError(
             "this record carries no activity ids: send an Avro task envelope or the "
             "kw-workflow-id and kw-activity-id headers", type="MissingActivityIds")
-    return ctx.key
+    return str(ctx.key)
 
 
 def attempt() -> int:
@@ -91,14 +103,17 @@ def record_heartbeat(details: bytes) -> None:
     Refused (``FencedError``) once the partition was revoked or another attempt took the lease.
     """
     ctx = _ctx()
-    if ctx.fenced():
-        raise FencedError(f"partition of {ctx.key} was revoked: heartbeat refused")
+    lane = ctx.lane
+    if lane is not None and lane.part.revoking:
+        raise FencedError(f"partition of {ctx.msg.topic}/{ctx.msg.partition} was revoked: "
+                          "heartbeat refused")
     ctx.details = details
     ctx.heartbeats += 1
-    if ctx.store is not None and ctx.key is not None and ctx.token is not None:
-        ctx.store.heartbeat(ctx.key, ctx.token, details, ctx.lease_s, ctx.clock.now())
-    if ctx.touch is not None:
-        ctx.touch()
+    inv = ctx.invoker
+    if inv is not None and inv.store is not None and ctx.token is not None:
+        inv.store.heartbeat(idempotency_key(), ctx.token, details, inv.lease_s, inv.clock.now())
+    if lane is not None:
+        lane.started = time.monotonic()  # extends the per-message deadline
 
 
 def _owner() -> str:
@@ -120,6 +135,9 @@ class ActivityInvoker:
         self.owner = _owner()
         self.busy_retry = busy_retry
         self.skipped = 0
+        self._plain = store is None and codec is None
+        self._last_handler: Callable[[Message], Any] | None = None
+        self._last_async = False
 
     def _prepare(self, msg: Message) -> tuple[str | None, ActivityTask | None]:
         if self.codec is not None:
@@ -142,23 +160,31 @@ class ActivityInvoker:
 
     def _context(self, msg: Message, key: str | None, t: ActivityTask | None, token: int | None,
                   details: bytes | None, takeover: bool) -> _Context:
-        from kworkers.consumer import loop as _loop
-
-        lane_touch, fenced = _loop.current_lane_hooks()
-        n = msg.attempt + (1 if takeover else 0)
-        return _Context(msg, key, t, details, token, n, self.store, self.lease_s, self.clock,
-                        lane_touch, fenced)
+        return _Context(msg, self, key, t, details, token,
+                        msg.attempt + (1 if takeover else 0))
 
     def _done(self, ctx: _Context, ok: bool) -> None:
-        if self.store is None or ctx.key is None or ctx.token is None:
+        if self.store is None or ctx.key is None or ctx.key is _UNSET or ctx.token is None:
             return
         if ok:
             self.store.complete(ctx.key, ctx.token, self.clock.now())
         else:
             self.store.release(ctx.key, ctx.token)
 
+    def _is_async(self, handler: Callable[[Message], Any]) -> bool:
+        if handler is not self._last_handler:
+            self._last_handler = handler
+            self._last_async = inspect.iscoroutinefunction(handler)
+        return self._last_async
+
     def __call__(self, handler: Callable[[Message], Any], msg: Message) -> Any:
-        if inspect.iscoroutinefunction(handler):
+        if self._plain:
+            # No store, no codec: only the context (the key is read lazily from headers).
+            if self._is_async(handler):
+                return self._call_plain_async(handler, msg)
+            _current.set(_Context(msg, self))
+            return handler(msg)
+        if self._is_async(handler):
             return self._call_async(handler, msg)
         key, t = self._prepare(msg)
         token, details, skip, takeover = self._claim(key)
@@ -175,6 +201,10 @@ class ActivityInvoker:
             _current.reset(reset)
         self._done(ctx, ok=True)
         return result
+
+    async def _call_plain_async(self, handler: Callable[[Message], Any], msg: Message) -> Any:
+        _current.set(_Context(msg, self))  # a task's own context: no reset needed
+        return await handler(msg)
 
     async def _call_async(self, handler: Callable[[Message], Any], msg: Message) -> Any:
         key, t = self._prepare(msg)

@@ -26,7 +26,8 @@ COMMIT_RETRY_WAITS: tuple[float, ...] = (0.1, 0.2, 0.4, 0.8)
 @dataclass(frozen=True)
 class CommitPolicy:
     interval_s: float = 1.0
-    max_completions: int = 50_000
+    #: a safety valve for very high rates; the interval rules below ~1M records/s
+    max_completions: int = 1_000_000
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:

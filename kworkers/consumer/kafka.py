@@ -111,6 +111,8 @@ class KafkaConsumerAdapter:
         raw = self._c.consume(n, timeout)
         out: list[Message] = []
         append = out.append
+        new = tuple.__new__  # NamedTuple's own __new__ is Python code: 0.4 us per record more
+        cls = Message
         for m in raw:
             err = m.error()
             if err is not None:
@@ -121,10 +123,8 @@ class KafkaConsumerAdapter:
                 continue
             h = m.headers()
             ts = m.timestamp()
-            append(Message(
-                m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value(),
-                _headers(h) if h else (), ts[1] if ts[0] else None,
-            ))
+            append(new(cls, (m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                             _headers(h) if h else (), ts[1] if ts[0] else None, 1)))
         return out
 
     def commit(self, positions: Mapping[TP, int]) -> None:

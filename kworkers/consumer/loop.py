@@ -48,21 +48,10 @@ LAG_INTERVAL_S = 5.0
 PARTIAL_POST_S = 0.05
 
 
-_current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
+#: the lane whose runner is calling the handler (the activity context reads it for fencing and
+#: for heartbeats that extend the message deadline)
+current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
     "kworkers_lane", default=None)
-
-
-def current_lane_hooks() -> tuple[Callable[[], None] | None, Callable[[], bool]]:
-    """For the activity context: (extend this record's deadline, is its partition revoked)."""
-    lane = _current_lane.get()
-    if lane is None:
-        return None, lambda: False
-    part = lane.part
-
-    def touch() -> None:
-        lane.started = time.monotonic()
-
-    return touch, lambda: part.revoking
 
 
 class ConsumerPort(Protocol):
@@ -288,36 +277,46 @@ class ConsumerLoop:
 
     def _dispatch(self, msgs: list[Message]) -> None:
         parts = self.parts
-        key_mode = self.config.ordering == "key"
-        groups: dict[Lane, list[Item]] = {}
-        last_tp: TP | None = None
-        ps: PartitionState | None = None
-        now = self.clock.now()
+        # Group the fetched batch by partition first: one tracker call and one lane hand-off per
+        # partition, not per record (the hot path).
+        by_tp: dict[TP, list[Message]] = {}
         for m in msgs:
-            tp = (m.topic, m.partition)
-            if tp != last_tp:
-                ps = parts.get(tp)
-                last_tp = tp
+            tp = (m[0], m[1])
+            group = by_tp.get(tp)
+            if group is None:
+                by_tp[tp] = [m]
+            else:
+                group.append(m)
+        key_mode = self.config.ordering == "key"
+        now = self.clock.now()
+        for tp, group in by_tp.items():
+            ps = parts.get(tp)
             if ps is None:
                 continue  # fetched before a revoke: the new owner reads it again
-            try:
-                ps.tracker.track(m.offset)
-            except ValueError:
-                continue  # already tracked (a refetch after pause/resume)
-            item: Item = m
-            if self.delayed:
-                gated = self._gate(ps, m, now)
-                if gated is None:
-                    continue
-                item = gated
-            lane = ps.lane_for(m.key) if key_mode else ps.lane
-            batch = groups.get(lane)
-            if batch is None:
-                groups[lane] = [item]
-            else:
-                batch.append(item)
-        for lane, items in groups.items():
-            self._enqueue(lane, items)
+            offsets = [m[2] for m in group]
+            tracked = ps.tracker.track_many(offsets)
+            if len(tracked) != len(offsets):  # a refetch after pause/resume
+                keep = set(tracked)
+                group = [m for m in group if m[2] in keep]
+            if not self.delayed and not key_mode:
+                self._enqueue(ps.lane, list(group))
+                continue
+            lanes: dict[Lane, list[Item]] = {}
+            for m in group:
+                item: Item = m
+                if self.delayed:
+                    gated = self._gate(ps, m, now)
+                    if gated is None:
+                        continue
+                    item = gated
+                lane = ps.lane_for(m.key) if key_mode else ps.lane
+                batch = lanes.get(lane)
+                if batch is None:
+                    lanes[lane] = [item]
+                else:
+                    batch.append(item)
+            for lane, items in lanes.items():
+                self._enqueue(lane, items)
         self._dispatches += 1
         if key_mode and self._dispatches % 100 == 0:
             for p in parts.values():
@@ -396,7 +395,7 @@ class ConsumerLoop:
         timed = self.config.message_timeout is not None
         handler = self.handler
         invoke = self.invoke
-        _current_lane.set(lane)
+        current_lane.set(lane)
         prog = _Progress(self._done, lane)
         if timed_out is not None:  # the watchdog took this lane from a stuck runner
             first = self._fail(ps, timed_out, TimeoutError(
@@ -451,7 +450,7 @@ class ConsumerLoop:
 
     async def _run_async(self, lane: Lane, batch: list[Item], inc: int) -> None:
         assert self.aio is not None
-        _current_lane.set(lane)
+        current_lane.set(lane)
         ps = lane.part
         sem = self.aio.semaphore
         timeout = self.config.message_timeout
@@ -581,9 +580,7 @@ class ConsumerLoop:
                 if n:
                     self._m_fenced.inc(n)
                 continue
-            complete = ps.tracker.complete
-            for o in offsets:
-                complete(o)
+            ps.tracker.complete_many(offsets)
             self._since_commit += n
             ok = n - retried - dead
             if ok:

@@ -31,6 +31,36 @@ class OffsetTracker:
         self._last = offset
         self._pending.append(offset)
 
+    def track_many(self, offsets: list[int]) -> list[int]:
+        """Tracks a fetched batch (increasing offsets); returns those newly tracked (offsets at
+        or below the last tracked one are a refetch and are left out)."""
+        if not offsets:
+            return offsets
+        if offsets[0] <= self._last:
+            offsets = [o for o in offsets if o > self._last]
+            if not offsets:
+                return offsets
+        self._last = offsets[-1]
+        self._pending.extend(offsets)
+        return offsets
+
+    def complete_many(self, offsets: list[int]) -> None:
+        pending = self._pending
+        done = self._done
+        pos = -1
+        for offset in offsets:
+            if pending and pending[0] == offset:
+                pending.popleft()
+                pos = offset + 1
+                while pending and pending[0] in done:
+                    head = pending.popleft()
+                    done.discard(head)
+                    pos = head + 1
+            elif pending and pending[0] < offset <= self._last:
+                done.add(offset)
+        if pos >= 0 and (self._position is None or pos > self._position):
+            self._position = pos
+
     def complete(self, offset: int) -> None:
         """Marks an in-flight offset done (idempotent; unknown offsets are ignored)."""
         pending = self._pending

@@ -20,8 +20,8 @@ import base64
 import json
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kworkers.errors import ConfigError

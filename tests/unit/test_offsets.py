@@ -99,3 +99,30 @@ def test_random_completion_orders_never_go_back_or_skip(
             nxt = [x for x in offsets if x >= pos]
             assert not nxt or nxt[0] not in done
     assert t.position == offsets[-1] + 1
+
+
+@given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=200), st.randoms(),
+       st.integers(min_value=1, max_value=20))
+def test_bulk_track_and_complete_agree_with_one_by_one(
+    gaps: list[int], rnd: random.Random, chunk: int
+) -> None:
+    offsets = []
+    o = 0
+    for g in gaps:
+        o += g
+        offsets.append(o)
+    one, bulk = OffsetTracker(), OffsetTracker()
+    for off in offsets:
+        one.track(off)
+    for i in range(0, len(offsets), chunk):
+        assert bulk.track_many(offsets[i:i + chunk]) == offsets[i:i + chunk]
+    assert bulk.track_many(offsets[:3]) == []  # a refetch is not tracked twice
+    order = offsets[:]
+    rnd.shuffle(order)
+    for i in range(0, len(order), chunk):
+        part = order[i:i + chunk]
+        for off in part:
+            one.complete(off)
+        bulk.complete_many(part)
+        assert bulk.position == one.position
+        assert bulk.in_flight == one.in_flight
