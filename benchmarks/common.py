@@ -207,8 +207,8 @@ def rss_mb() -> float:
 def thread_cpu() -> dict[str, float]:
     """CPU seconds (user + system) per thread group of this process, from /proc/self/task.
 
-    Python threads are grouped by name (numbered suffixes dropped); threads Python does not
-    know (librdkafka's own) are summed as ``librdkafka/native``.
+    Threads are grouped by name, numbered suffixes dropped: Python's by their ``name``, the
+    others (librdkafka's ``rdk:main``, ``rdk:broker...``) by their kernel name.
     """
     tick = os.sysconf("SC_CLK_TCK")
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
@@ -220,10 +220,19 @@ def thread_cpu() -> dict[str, float]:
         except OSError:
             continue  # the thread ended meanwhile
         cpu = (int(fields[11]) + int(fields[12])) / tick
-        name = names.get(int(tid), "librdkafka/native")
-        group = name.rstrip("0123456789").rstrip("-") or name
+        name = names.get(int(tid)) or _comm(tid)
+        group = name.rstrip("0123456789").rstrip("-:/") or name
         out[group] = out.get(group, 0.0) + cpu
     return out
+
+
+def _comm(tid: str) -> str:
+    """The kernel's name of a thread Python did not start (librdkafka names its ``rdk:...``)."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip() or "native"
+    except OSError:
+        return "native"
 
 
 def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
