@@ -394,6 +394,46 @@ def lag(bootstrap: str, group: str, names: tuple[str, ...], offset_reset_policy:
 
 
 @cli.group()
+def deploy() -> None:
+    """Kubernetes and KEDA manifests for a worker."""
+
+
+@deploy.command("render")
+@click.argument("target", metavar="MODULE:WORKER")
+@click.option("--image", required=True, help="The worker's container image.")
+@click.option("--app", required=True, help="Name of the Deployment, ScaledObject and ConfigMap.")
+@click.option("--partitions", type=click.IntRange(min=1), required=True,
+              help="Partitions of the source topics (caps maxReplicaCount).")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None,
+              help="At most the partition count (the default).")
+@click.option("--sasl-secret", default=None, help="Secret holding SASL username/password.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write the files under this directory instead of printing them.")
+def deploy_render(target: str, image: str, app: str, partitions: int, namespace: str,
+                  max_replicas: int | None, sasl_secret: str | None,
+                  out_dir: str | None) -> None:
+    """Render the Deployment, ConfigMap, KEDA ScaledObject (and TriggerAuthentication) from
+    the worker's own config, so the manifests never drift from the code."""
+    from pathlib import Path
+
+    from kworkers.cli_run import load_target
+    from kworkers.deploy import render
+
+    worker = load_target(target)
+    files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
+                   namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret)
+    for name, text in sorted(files.items()):
+        if out_dir is None:
+            click.echo(f"# --- {name}\n{text}")
+            continue
+        path = Path(out_dir) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        click.echo(f"wrote {path}")
+
+
+@cli.group()
 def demo() -> None:
     """Demonstrations on a real broker."""
 
