@@ -81,22 +81,35 @@ class Report:
     unexpected: list[str] = field(default_factory=list)
     duplicate_effects: int = 0
     redeliveries: int = 0
+    #: (partition, offset) below a committed position that no handler ever saw
+    skipped: list[tuple[int, int]] = field(default_factory=list)
+    #: (partition, earlier, later) where a later commit sample went backwards
+    non_monotonic: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.lost and not self.unexpected and self.duplicate_effects == 0
+        return (not self.lost and not self.unexpected and self.duplicate_effects == 0
+                and not self.skipped and not self.non_monotonic)
 
     def summary(self) -> str:
         return (f"expected={self.expected} effects={self.effects} lost={len(self.lost)} "
                 f"duplicate_effects={self.duplicate_effects} redeliveries={self.redeliveries} "
+                f"skipped={len(self.skipped)} non_monotonic={len(self.non_monotonic)} "
                 f"unexpected={len(self.unexpected)}")
 
 
-def check(ledger: Ledger, expected: set[str]) -> Report:
+def check(ledger: Ledger, expected: set[str], topic: str | None = None,
+          commits: list[dict[int, int]] | None = None) -> Report:
+    """Jepsen's and OffsetValidationTest's questions, answered from the ledger.
+
+    ``commits``: samples of the group's committed position per partition of ``topic``, in the
+    order they were taken (the last one after the run): they must never go backwards, and no
+    offset of ``topic`` below the last one may have gone unhandled.
+    """
     values = ledger.effect_values()
     got = set(values)
     deliveries = ledger.delivery_counts()
-    return Report(
+    report = Report(
         expected=len(expected),
         effects=len(values),
         lost=sorted(expected - got),
@@ -104,3 +117,21 @@ def check(ledger: Ledger, expected: set[str]) -> Report:
         duplicate_effects=len(values) - len(got),
         redeliveries=sum(n - 1 for n in deliveries.values() if n > 1),
     )
+    if topic is not None and commits:
+        last: dict[int, int] = {}
+        for sample in commits:
+            for part, pos in sample.items():
+                if pos < 0:
+                    continue
+                if part in last and pos < last[part]:
+                    report.non_monotonic.append((part, last[part], pos))
+                last[part] = max(pos, last.get(part, pos))
+        seen = {(p, o) for _v, t, p, o, _a in ledger.deliveries() if t == topic}
+        offsets_by_part: dict[int, set[int]] = {}
+        for p, o in seen:
+            offsets_by_part.setdefault(p, set()).add(o)
+        for part, pos in commits[-1].items():
+            handled = offsets_by_part.get(part, set())
+            low = min(handled) if handled else 0
+            report.skipped += [(part, o) for o in range(low, pos) if o not in handled]
+    return report
