@@ -22,9 +22,12 @@ import contextlib
 import importlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
@@ -34,7 +37,7 @@ from kworkers import settings
 from kworkers.config import WorkerConfig
 from kworkers.dlq.reader import topics
 from kworkers.errors import ConfigError
-from kworkers.metrics import MetricsServer
+from kworkers.metrics import MetricsServer, MultiProcessMetrics
 from kworkers.worker import Worker
 
 log = logging.getLogger("kworkers.cli")
@@ -95,8 +98,19 @@ def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str]
     return worker
 
 
+def _mark_ready(worker: Worker) -> None:
+    """Sets ``kworkers_worker_ready`` once the worker polls (a pool parent's /readyz sums it)."""
+    def wait() -> None:
+        while not worker.ready:
+            time.sleep(0.1)
+        worker.metrics.worker_ready.set(1)
+
+    threading.Thread(target=wait, name="kworkers-ready", daemon=True).start()
+
+
 def run_one(worker: Worker, metrics_port: int | None) -> int:
     server = None
+    _mark_ready(worker)
     if metrics_port is not None:
         server = MetricsServer(worker.metrics, metrics_port, ready=lambda: worker.ready).start()
         log.info("metrics on :%d (/metrics, /healthz, /readyz)", server.port)
@@ -125,13 +139,25 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
         log.info("signal %d: forwarding to %d worker processes", signum, len(children))
         stop_all(signum)
 
+    # One /metrics for the pool: children write their values to a shared directory
+    # (prometheus-client's multiprocess mode) and this parent serves the sum.
+    env = dict(os.environ)
+    server: MetricsServer | None = None
+    mp_dir: str | None = None
+    if metrics_port is not None:
+        mp_dir = tempfile.mkdtemp(prefix="kworkers-metrics-")
+        env["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
+        pool_metrics = MultiProcessMetrics(mp_dir)
+        server = MetricsServer(
+            pool_metrics, metrics_port,
+            ready=lambda: (all(c.poll() is None for c in children)
+                           and pool_metrics.ready_workers() >= processes)).start()
+        log.info("metrics of %d processes on :%d", processes, server.port)
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for i in range(processes):
+        for _ in range(processes):
             args = [sys.executable, "-m", "kworkers.cli", "run", *child_args, "--processes", "1"]
-            if metrics_port is not None:
-                args += ["--metrics-port", str(metrics_port + i)]
-            children.append(subprocess.Popen(args, start_new_session=True))
+            children.append(subprocess.Popen(args, start_new_session=True, env=env))
             if stopping:
                 stop_all(signal.SIGTERM)
         codes: dict[int, int] = {}
@@ -152,6 +178,10 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if server is not None:
+            server.close()
+        if mp_dir is not None:
+            shutil.rmtree(mp_dir, ignore_errors=True)
     failed = {i: rc for i, rc in codes.items() if rc != 0}
     if failed:
         log.error("worker processes failed: %s", ", ".join(f"#{i} exit {rc}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Literal
+from typing import Literal, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -41,6 +41,7 @@ MetricName = Literal[
     "kworkers_handoff_blocked",
     "kworkers_fenced_results_total",
     "kworkers_redriven_total",
+    "kworkers_worker_ready",
 ]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -97,6 +98,9 @@ class Metrics:
         self.fenced = Counter(
             "kworkers_fenced_results", "Results dropped for partitions no longer owned",
             ["group"], registry=r)
+        self.worker_ready = Gauge(
+            "kworkers_worker_ready", "1 once the worker's loops have polled (readiness)", [],
+            registry=r, multiprocess_mode="livesum")
         self.redriven = Counter(
             "kworkers_redriven", "Dead letters replayed to their topic", ["dlq_topic"],
             registry=r)
@@ -105,10 +109,35 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class Exposes(Protocol):
+    def exposition(self) -> bytes: ...
+
+
+class MultiProcessMetrics:
+    """What ``kworkers run --processes N`` serves on one port: every child's metrics, summed
+    by prometheus-client's multiprocess mode (children write to ``PROMETHEUS_MULTIPROC_DIR``)."""
+
+    def __init__(self, directory: str) -> None:
+        from prometheus_client import multiprocess
+
+        self.registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(self.registry, path=directory)  # type: ignore[no-untyped-call]
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def ready_workers(self) -> int:
+        total = 0.0
+        for metric in self.registry.collect():
+            if metric.name == "kworkers_worker_ready":
+                total += sum(s.value for s in metric.samples)
+        return int(total)
+
+
 class MetricsServer:
     """``/metrics``, ``/healthz`` (the process runs) and ``/readyz`` (the worker is consuming)."""
 
-    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0",
+    def __init__(self, metrics: Exposes, port: int, host: str = "0.0.0.0",
                  ready: Callable[[], bool] = lambda: True) -> None:
         expo = metrics.exposition
 
