@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Literal
 
@@ -55,7 +56,7 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            self._enable_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
             if not _has_table(conn, self.table):  # a read: no write lock unless needed
                 self._create_table(conn)
@@ -63,6 +64,22 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
             conn.close()
             raise
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        """WAL once per file. Switching the mode takes a lock that SQLite does not wait for
+        (no busy handler), so a process opening the file while others write can see "database
+        is locked": read the mode first (no lock needed) and retry the switch briefly."""
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            return
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     def _create_table(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -25,6 +25,18 @@ CREATE TABLE IF NOT EXISTS effects (
 """
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL once; the switch does not wait on other processes' locks, so retry."""
+    deadline = time.monotonic() + 60
+    while str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 class Ledger:
     """Thread-safe, multi-process safe (SQLite WAL); one connection per thread."""
 
@@ -38,7 +50,7 @@ class Ledger:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
         return conn

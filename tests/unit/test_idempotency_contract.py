@@ -386,7 +386,9 @@ def _in_processes(n: int, body: Callable[..., Any], *args: Any) -> list[Any]:
                 p.kill()
     errors = [r for kind, r in reports if kind == "error"]
     if errors:
-        pytest.fail("a child process failed:\n" + errors[0])
+        # the root cause first: siblings that only saw the barrier break come last
+        errors.sort(key=lambda e: "BrokenBarrierError" in e)
+        pytest.fail(f"{len(errors)} child process(es) failed; first:\n" + errors[0])
     return [r for _kind, r in reports]
 
 
