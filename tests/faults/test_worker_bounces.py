@@ -140,6 +140,7 @@ def test_second_signal_exits_at_once(kafka_broker: Broker, tmp_path: Path) -> No
         w.proc.send_signal(15)
         time.sleep(0.5)
         assert w.alive  # draining: waits for the stuck handler
-        assert w.terminate(timeout=10) == 128 + 15  # the second signal: at once
+        # the exit code tells "at once" (143) from a finished drain (0); 60 s only bounds a hang
+        assert w.terminate(timeout=60) == 128 + 15
     finally:
         w.close()
