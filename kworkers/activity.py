@@ -23,14 +23,13 @@ import contextvars
 import inspect
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from kworkers.clock import Clock, SystemClock
-from kworkers.consumer.loop import current_lane
 from kworkers.consumer.partition import Lane
+from kworkers.consumer.runner import current_lane
 from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers
 from kworkers.errors import ConfigError, DecodeError, FencedError, RetryableError
 from kworkers.idempotency.store import ClaimState, IdempotencyStore
@@ -113,7 +112,7 @@ def record_heartbeat(details: bytes) -> None:
     if inv is not None and inv.store is not None and ctx.token is not None:
         inv.store.heartbeat(idempotency_key(), ctx.token, details, inv.lease_s, inv.clock.now())
     if lane is not None:
-        lane.started = time.monotonic()  # extends the per-message deadline
+        lane.touch()  # extends the per-message deadline
 
 
 def _owner() -> str:

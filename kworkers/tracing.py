@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kworkers.activity import ActivityInvoker
-from kworkers.consumer.loop import Handler, Invoker
+from kworkers.consumer.ports import Handler, Invoker
 from kworkers.message import Message
 
 TRACEPARENT = "traceparent"
@@ -186,7 +186,7 @@ def _empty_context() -> Any:
 
 
 class TracedInvoke:
-    """An ``Invoker`` (see ``kworkers.consumer.loop``) that runs each attempt in its own span.
+    """An ``Invoker`` (see ``kworkers.consumer.ports``) that runs each attempt in its own span.
 
     It wraps another invoker (``inner``; None: call the handler directly), so tracing composes
     with the activity context: ``traced_invoke`` wraps a store-less ``ActivityInvoker``, what a

@@ -23,18 +23,24 @@ from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topi
 from kworkers.clock import Clock, SystemClock
 from kworkers.config import WorkerConfig
 from kworkers.consumer.kafka import KafkaConsumerAdapter, consumer_settings, producer_settings
-from kworkers.consumer.loop import ConsumerLoop, Handler, Invoker
-from kworkers.consumer.runtime import AsyncRuntime, DaemonPool
+from kworkers.consumer.ports import ConsumerPort, Handler, Invoker
+from kworkers.consumer.processor import Processor
+from kworkers.consumer.runner import Runner, Runtime
+from kworkers.consumer.runtime import AsyncRuntime, ThreadRuntime
+from kworkers.consumer.tier_gate import TierGate
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError
 from kworkers.idempotency.store import IdempotencyStore
 from kworkers.metrics import Metrics
+from kworkers.retry_tiers.handoff import HandOffStep
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
 from kworkers.retry_tiers.producer import KafkaSender
 from kworkers.retry_tiers.router import FailureRouter, Sender
 
 log = logging.getLogger("kworkers.worker")
 H = TypeVar("H", bound=Callable[..., Any])
+#: builds the consumer of one group (the main group, then the retry group)
+ConsumerFactory = Callable[[str], ConsumerPort]
 
 
 class Worker:
@@ -56,6 +62,7 @@ class Worker:
         clock: Clock | None = None,
         jitter: JitterSource | None = None,
         sender: Sender | None = None,
+        consumer: ConsumerFactory | None = None,
         invoke: Invoker | None = None,
         idempotency: IdempotencyStore | None = None,
         codec: EnvelopeCodec | None = None,
@@ -78,10 +85,11 @@ class Worker:
         self.clock = clock or SystemClock()
         self.jitter = jitter or SeededJitter(config.jitter_seed)
         self._sender = sender
+        self._consumer = consumer
         self._invoke: Invoker = invoke or ActivityInvoker(idempotency, codec, lease_s,
                                                           self.clock)
         self._handler: Handler | None = None
-        self._loops: list[ConsumerLoop] = []
+        self._loops: list[Processor] = []
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._started = threading.Event()
@@ -105,13 +113,13 @@ class Worker:
         same_seed = config.jitter_seed == self.config.jitter_seed
         new = Worker(config=config, metrics=self.metrics, clock=self.clock,
                      jitter=self.jitter if same_seed else None, sender=self._sender,
-                     invoke=self._invoke)
+                     consumer=self._consumer, invoke=self._invoke)
         new.handler(self._handler)
         return new
 
     @property
-    def loops(self) -> list[ConsumerLoop]:
-        """The main loop, then the retry loop (empty before ``run``)."""
+    def loops(self) -> list[Processor]:
+        """The main loop's processor, then the retry loop's (empty before ``run``)."""
         return list(self._loops)
 
     @property
@@ -161,17 +169,17 @@ class Worker:
         """Blocks until SIGTERM/SIGINT or ``stop()``; returns after a clean leave."""
         if self._handler is None:
             raise ConfigError("no handler registered: decorate a function with @worker.handler")
-        self.check_topics()
+        if self._consumer is None:  # an injected consumer brings its own topics
+            self.check_topics()
         cfg = self.config
         handler = self._handler
-        is_async = _is_async(handler)
-        pool = None if is_async else DaemonPool(cfg.concurrency)
-        aio = AsyncRuntime(cfg.concurrency) if is_async else None
+        runtime: Runtime = (AsyncRuntime(cfg.concurrency) if _is_async(handler)
+                            else ThreadRuntime(cfg.concurrency))
         sender = self._sender or KafkaSender(producer_settings(
             cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
-        main = self._loop(cfg.group_id, cfg.topics, handler, sender, pool, aio, delayed=False)
-        tier = self._loop(cfg.retry_group_id, cfg.tier_topics(), handler, sender, pool, aio,
-                          delayed=True)
+        main = self._processor(cfg.group_id, cfg.topics, handler, sender, runtime, tiers=False)
+        tier = self._processor(cfg.retry_group_id, cfg.tier_topics(), handler, sender, runtime,
+                               tiers=True)
         self._loops = [main, tier]
         if self._stopping.is_set():
             for loop in self._loops:
@@ -184,27 +192,31 @@ class Worker:
         finally:
             tier.stop()
             tier_thread.join(timeout=cfg.drain_timeout + cfg.revoke_timeout + 10)
+            self._hard_stop.set()  # hand-offs still blocked give up: their records redeliver
             if self._sender is None and isinstance(sender, KafkaSender):
                 sender.close()
-            if pool is not None:
-                pool.shutdown()
-            if aio is not None:
-                aio.shutdown()
+            runtime.shutdown()
             if restore is not None:
                 restore()
             log.info("worker %s stopped", cfg.group_id)
 
     # ------------------------------------------------------------------ internals
 
-    def _loop(self, group: str, topics: tuple[str, ...], handler: Handler, sender: Sender,
-              pool: DaemonPool | None, aio: AsyncRuntime | None, delayed: bool) -> ConsumerLoop:
+    def _processor(self, group: str, topics: tuple[str, ...], handler: Handler, sender: Sender,
+                   runtime: Runtime, tiers: bool) -> Processor:
         cfg = self.config
-        consumer = KafkaConsumerAdapter(consumer_settings(
-            cfg.bootstrap_servers, group, cfg.group_protocol, cfg.consumer_config))
+        consumer = (self._consumer(group) if self._consumer is not None else
+                    KafkaConsumerAdapter(consumer_settings(
+                        cfg.bootstrap_servers, group, cfg.group_protocol, cfg.consumer_config)))
         router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
-        return ConsumerLoop(cfg, consumer, topics, handler, sender, router, self.metrics,
-                            self.clock, pool, aio, self._hard_stop, delayed=delayed,
-                            invoke=self._invoke)
+        hand_off = HandOffStep(router, sender, self.metrics, consumer.group, self._hard_stop)
+        runner = Runner(handler, self._invoke, hand_off, runtime, self.clock, cfg.message_timeout)
+        gate = None
+        if tiers:
+            max_ahead = max(cfg.tiers.delays) * 2 + cfg.retry.normalized().max_interval
+            gate = TierGate(cfg.delay_buffer, max_ahead,
+                            self.metrics.retry_lateness.labels(consumer.group), self.clock)
+        return Processor(cfg, consumer, topics, runner, self.metrics, self.clock, gate)
 
     def _install_signals(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():

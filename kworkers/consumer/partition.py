@@ -10,8 +10,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kworkers.clock import Clock, SystemClock
 from kworkers.consumer.offsets import OffsetTracker
 from kworkers.message import Message
+
+_SYSTEM_CLOCK = SystemClock()
 
 
 class Poisoned:
@@ -53,11 +56,18 @@ class Lane:
         #: records done ahead of a slow one are committed, not redelivered
         self.done: list[int] = []
 
+    def touch(self) -> None:
+        """Restarts the current record's deadline (a heartbeat from the handler)."""
+        self.started = self.part.clock.monotonic()
+
 
 class PartitionState:
-    __slots__ = ("lane", "lanes", "partition", "paused", "revoking", "topic", "tp", "tracker")
+    __slots__ = ("clock", "lane", "lanes", "partition", "paused", "revoking", "topic", "tp",
+                 "tracker")
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, clock: Clock = _SYSTEM_CLOCK) -> None:
+        #: the worker's clock: deadlines of this partition's lanes are measured on it
+        self.clock = clock
         self.topic = topic
         self.partition = partition
         self.tp = (topic, partition)

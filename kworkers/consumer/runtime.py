@@ -1,4 +1,7 @@
-"""Where handlers run: a pool of daemon threads for sync handlers, an asyncio loop for async.
+"""Where runners execute: daemon threads for sync handlers, one asyncio loop for async ones.
+
+Each runtime only *drives* ``Runner.steps`` (the one runner skeleton): it runs the records the
+skeleton yields and performs the hand-offs it asks for, with plain calls or with awaits.
 
 Daemon threads on purpose: a handler stuck past its deadline must not keep the process from
 exiting after a drain; ``concurrent.futures`` joins its threads at exit.
@@ -13,10 +16,18 @@ from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any
 
+from kworkers.consumer.partition import Item, Lane
+from kworkers.consumer.runner import HandOffRequest, Runner, current_lane
+from kworkers.message import Message
+
 log = logging.getLogger("kworkers.runtime")
 
 
-class DaemonPool:
+class ThreadRuntime:
+    """A pool of daemon threads; each runner occupies one thread while its lane has work."""
+
+    is_async = False
+
     def __init__(self, size: int, name: str = "kworkers-handler") -> None:
         self._q: SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = SimpleQueue()
         self._threads = [
@@ -25,6 +36,10 @@ class DaemonPool:
         ]
         for t in self._threads:
             t.start()
+
+    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+            timed_out: Message | None) -> None:
+        self.submit(_drive_sync, runner, lane, items, inc, timed_out)
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         self._q.put((fn, args))
@@ -45,8 +60,32 @@ class DaemonPool:
             self._q.put(None)
 
 
+def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
+                timed_out: Message | None) -> None:
+    current_lane.set(lane)
+    steps = runner.steps(lane, items, inc, timed_out)
+    send = steps.send
+    handler, invoke, hand_off, ps = runner.handler, runner.invoke, runner.hand_off, lane.part
+    try:
+        req = next(steps)
+        while True:
+            if isinstance(req, HandOffRequest):
+                req = send(hand_off(ps, req.msg, req.exc))
+                continue
+            try:
+                invoke(handler, req)
+            except Exception as exc:
+                req = send(exc)
+            else:
+                req = send(None)
+    except StopIteration:
+        pass
+
+
 class AsyncRuntime:
-    """One event loop in a thread of its own; the poll thread submits coroutines to it."""
+    """One event loop in a thread of its own; the poll thread submits runners to it."""
+
+    is_async = True
 
     def __init__(self, concurrency: int) -> None:
         self.loop = asyncio.new_event_loop()
@@ -66,9 +105,44 @@ class AsyncRuntime:
         self.loop.call_soon(self._ready.set)
         self.loop.run_forever()
 
+    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+            timed_out: Message | None) -> None:
+        self.submit(self._drive(runner, lane, items, inc, timed_out))
+
     def submit(self, coro: Coroutine[Any, Any, None]) -> None:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         fut.add_done_callback(_log_crash)
+
+    async def _drive(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+                     timed_out: Message | None) -> None:
+        current_lane.set(lane)
+        steps = runner.steps(lane, items, inc, timed_out)
+        sem = self.semaphore
+        timeout = runner.timeout
+        handler, invoke, ps = runner.handler, runner.invoke, lane.part
+        try:
+            req = next(steps)
+            while True:
+                if isinstance(req, HandOffRequest):
+                    # The hand-off waits for the broker: never on the event loop.
+                    req = steps.send(await asyncio.to_thread(
+                        runner.hand_off, ps, req.msg, req.exc))
+                    continue
+                result: BaseException | None = None
+                try:
+                    async with sem:
+                        coro = invoke(handler, req)
+                        if timeout is not None:
+                            await asyncio.wait_for(coro, timeout)
+                        else:
+                            await coro
+                except Exception as exc:
+                    result = exc
+                    if timeout is not None and isinstance(exc, TimeoutError):
+                        result = TimeoutError(f"handler exceeded its {timeout}s deadline")
+                req = steps.send(result)
+        except StopIteration:
+            pass
 
     def shutdown(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

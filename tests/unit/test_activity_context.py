@@ -6,8 +6,8 @@ import pytest
 
 from kworkers import activity
 from kworkers.activity import ActivityInvoker
-from kworkers.consumer.loop import current_lane
 from kworkers.consumer.partition import PartitionState
+from kworkers.consumer.runner import current_lane
 from kworkers.envelope.envelope import ids_to_headers
 from kworkers.errors import DecodeError, FencedError
 from kworkers.message import Message

@@ -1,7 +1,8 @@
 """The poll loop against a scripted consumer: exact commit sequences, fencing, no re-runs.
 
 A fake consumer here is not a mocked broker: these are unit tests of the loop's own logic
-(the same scenarios run against the real broker in tests/integration and tests/faults).
+(the same scenarios run against the real broker in tests/integration and tests/faults). The
+worker is built through its front door, ``Worker(consumer=..., sender=...)``.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ from concurrent.futures import Future
 
 import pytest
 
-from kworkers.clock import SystemClock
-from kworkers.config import WorkerConfig
+from kworkers import Worker
 from kworkers.consumer.commit import CommitPolicy
-from kworkers.consumer.loop import ConsumerLoop
-from kworkers.consumer.runtime import DaemonPool
 from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
-from kworkers.retry_tiers.policy import RetryPolicy, no_jitter
-from kworkers.retry_tiers.router import FailureRouter
-from kworkers.retry_tiers.tiers import TierLadder
 
 TP = tuple[str, int]
 
@@ -37,9 +32,9 @@ class Permanent(Exception):
 
 
 class ScriptedConsumer:
-    group = "g"
-
-    def __init__(self, records: list[Message], commit_script: list[type[Exception] | None]):
+    def __init__(self, records: list[Message], commit_script: list[type[Exception] | None],
+                 group: str = "g"):
+        self.group = group
         self.records = list(records)
         self.commit_script = list(commit_script)
         self.commits: list[tuple[dict[TP, int], str]] = []
@@ -48,10 +43,13 @@ class ScriptedConsumer:
         self.on_revoke: Callable[[list[TP]], None] | None = None
         self.closed = False
         self.lock = threading.Lock()
+        #: subscribe waits for it, so a test can set seams on the processor before any record
+        self.go = threading.Event()
 
     def subscribe(self, topics: Iterable[str], on_assign: Callable[[list[TP]], None],
                   on_revoke: Callable[[list[TP]], None],
                   on_lost: Callable[[list[TP]], None]) -> None:
+        self.go.wait(30)
         self.on_assign, self.on_revoke = on_assign, on_revoke
         on_assign(sorted({(m.topic, m.partition) for m in self.records}))
 
@@ -74,6 +72,9 @@ class ScriptedConsumer:
 
     def resume(self, tps: list[TP]) -> None:
         self.paused -= set(tps)
+
+    def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
+        raise LookupError("nothing cached")
 
     def close(self) -> None:
         self.closed = True
@@ -98,27 +99,52 @@ def _msgs(n: int, partition: int = 0) -> list[Message]:
     return [Message("t", partition, o, b"k", str(o).encode()) for o in range(n)]
 
 
+def _idle(group: str) -> ScriptedConsumer:
+    c = ScriptedConsumer([], [], group)
+    c.go.set()
+    return c
+
+
+class _Harness:
+    """A worker on a scripted main consumer (the retry group gets an empty one)."""
+
+    def __init__(self, consumer: ScriptedConsumer, handler: Callable[[Message], None],
+                 **cfg: object) -> None:
+        self.consumer = consumer
+        self.worker = Worker(
+            topics=["t"], group_id="g", concurrency=2, sender=RecordingSender(),
+            consumer=lambda group: consumer if group == "g" else _idle(group),
+            **cfg)
+        self.worker.handler(handler)
+        self.sleeps: list[float] = []
+        self.thread = threading.Thread(target=self.worker.run, args=(False,), daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.worker.loops and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self.worker.loops[0].committer.sleep = self.sleeps.append
+        self.consumer.go.set()
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
 def _loop(consumer: ScriptedConsumer, handler: Callable[[Message], None],
-          **cfg: object) -> tuple[ConsumerLoop, list[float], Metrics]:
-    config = WorkerConfig(topics=("t",), group_id="g", **cfg)  # type: ignore[arg-type]
-    metrics = Metrics()
-    router = FailureRouter(RetryPolicy(), TierLadder(), "g", no_jitter, SystemClock())
-    loop = ConsumerLoop(config, consumer, ["t"], handler, RecordingSender(), router, metrics,
-                        SystemClock(), DaemonPool(2), None, threading.Event())
-    sleeps: list[float] = []
-    loop.sleep = sleeps.append
-    return loop, sleeps, metrics
+          **cfg: object) -> tuple[_Harness, list[float], Metrics]:
+    h = _Harness(consumer, handler, **cfg)
+    return h, h.sleeps, h.worker.metrics
 
 
-def _run_until(loop: ConsumerLoop, cond: Callable[[], bool]) -> None:
-    t = threading.Thread(target=loop.run, daemon=True)
-    t.start()
+def _run_until(h: _Harness, cond: Callable[[], bool]) -> None:
+    h.start()
     deadline = time.monotonic() + 30
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.01)
-    loop.stop()
-    t.join(30)
-    assert not t.is_alive()
+    h.stop()
 
 
 def _counting() -> tuple[Counter[int], Callable[[Message], None]]:
@@ -173,8 +199,7 @@ def test_revoke_commits_what_completed_and_fences_late_results() -> None:
             release.wait(10)
 
     loop, _sleeps, metrics = _loop(consumer, handle, revoke_timeout=0.3)
-    t = threading.Thread(target=loop.run, daemon=True)
-    t.start()
+    loop.start()
     assert started.wait(10)
     # revoke while offset 1 is still running: only offset 0 may be committed
     assert consumer.on_revoke is not None
@@ -183,7 +208,6 @@ def test_revoke_commits_what_completed_and_fences_late_results() -> None:
     release.set()
     time.sleep(0.3)
     loop.stop()
-    t.join(10)
     assert calls[2] == 0  # queued behind the revoke: never dispatched
     assert all(p != {("t", 0): 2} for p, _ in consumer.commits)  # the late result was fenced
     assert metrics.fenced.labels("g")._value.get() >= 1
@@ -200,8 +224,7 @@ def test_backpressure_pauses_and_resumes_a_partition() -> None:
 
     loop, _sleeps, _metrics = _loop(consumer, handle, max_in_flight_per_partition=10,
                                     consume_batch=10)
-    t = threading.Thread(target=loop.run, daemon=True)
-    t.start()
+    loop.start()
     deadline = time.monotonic() + 10
     while ("t", 0) not in consumer.paused and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -211,6 +234,5 @@ def test_backpressure_pauses_and_resumes_a_partition() -> None:
     while (consumer.records or ("t", 0) in consumer.paused) and time.monotonic() < deadline:
         time.sleep(0.01)
     loop.stop()
-    t.join(10)
     assert paused_seen == [True]
     assert not consumer.records  # resumed and drained

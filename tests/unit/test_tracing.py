@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kworkers import Message, activity
-from kworkers.consumer.loop import Invoker
+from kworkers.consumer.ports import Invoker
 from kworkers.tracing import (
     TracedInvoke,
     TraceParent,

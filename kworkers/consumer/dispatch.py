@@ -1,0 +1,90 @@
+"""From a fetched batch to lanes: track offsets, pick each record's lane, start idle lanes.
+
+A lane is an ordered queue run by one runner at a time: one per partition
+(``ordering="partition"``) or one per key (``ordering="key"``, records of a key in order, keys
+in parallel). Records of a revoked partition are dropped here (the next owner reads them
+again); a refetch after pause/resume is recognised by the offset tracker and not run twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kworkers.clock import Clock
+from kworkers.consumer.partition import Item, Lane, PartitionState
+from kworkers.consumer.ports import TP
+from kworkers.consumer.runner import Runner
+from kworkers.consumer.tier_gate import TierGate
+from kworkers.message import Message
+
+#: key lanes that went idle are pruned every this many dispatched batches
+PRUNE_EVERY = 100
+
+
+class Dispatcher:
+    def __init__(self, parts: Mapping[TP, PartitionState], runner: Runner, key_mode: bool,
+                 gate: TierGate | None, clock: Clock) -> None:
+        self.parts = parts
+        self.runner = runner
+        self.key_mode = key_mode
+        self.gate = gate
+        self.clock = clock
+        self._batches = 0
+
+    def dispatch(self, msgs: list[Message]) -> None:
+        parts = self.parts
+        # Group by partition first: one tracker call and one lane hand-off per partition, not
+        # per record (the hot path).
+        by_tp: dict[TP, list[Message]] = {}
+        for m in msgs:
+            tp = (m[0], m[1])
+            group = by_tp.get(tp)
+            if group is None:
+                by_tp[tp] = [m]
+            else:
+                group.append(m)
+        key_mode, gate = self.key_mode, self.gate
+        now = self.clock.now()
+        for tp, group in by_tp.items():
+            ps = parts.get(tp)
+            if ps is None:
+                continue  # fetched before a revoke: the new owner reads it again
+            offsets = [m[2] for m in group]
+            tracked = ps.tracker.track_many(offsets)
+            if len(tracked) != len(offsets):  # a refetch after pause/resume
+                keep = set(tracked)
+                group = [m for m in group if m[2] in keep]
+            if gate is None and not key_mode:
+                self.enqueue(ps.lane, list(group))
+                continue
+            lanes: dict[Lane, list[Item]] = {}
+            for m in group:
+                item: Item | None = m if gate is None else gate.admit(ps, m, now)
+                if item is None:
+                    continue  # waits in the timer heap
+                lane = ps.lane_for(m.key) if key_mode else ps.lane
+                lanes.setdefault(lane, []).append(item)
+            for lane, items in lanes.items():
+                self.enqueue(lane, items)
+        self._batches += 1
+        if key_mode and self._batches % PRUNE_EVERY == 0:
+            for p in parts.values():
+                p.prune_idle_lanes()
+
+    def release(self, due: list[tuple[PartitionState, Message]]) -> None:
+        """Tier records whose due time came (see ``TierGate.release_due``)."""
+        groups: dict[Lane, list[Item]] = {}
+        for ps, m in due:
+            lane = ps.lane_for(m.key) if self.key_mode else ps.lane
+            groups.setdefault(lane, []).append(m)
+        for lane, items in groups.items():
+            self.enqueue(lane, items)
+
+    def enqueue(self, lane: Lane, items: list[Item]) -> None:
+        with lane.lock:
+            if lane.running:
+                lane.queue.extend(items)
+                return
+            lane.running = True
+            inc = lane.incarnation
+        self.runner.start(lane, items, inc)

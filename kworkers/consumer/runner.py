@@ -1,0 +1,200 @@
+"""How a lane's records are run: one skeleton for sync and async handlers.
+
+``Runner.steps`` is the whole lifecycle of a runner over a lane, written once as a generator: it
+yields each record whose handler must run (the runtime runs it and sends back the exception, or
+None) and each failure to hand off (the runtime performs the hand-off and sends back where the
+record went, or None). A thread pool drives it with plain calls, an asyncio loop with awaits
+(``kworkers.consumer.runtime``), so revoke checks, deadlines, progress reports and the hand-off
+rule live in one place, not in two near-copies.
+
+A runner reports completions to the poll thread through the completion queue: per batch, or
+sooner within a slow batch, so a revoke or a crash soon after does not redeliver the fast records
+ahead of a slow one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Generator
+from queue import SimpleQueue
+from typing import Any, Protocol
+
+from kworkers.clock import Clock
+from kworkers.consumer.partition import Item, Lane, PartitionState, Poisoned
+from kworkers.consumer.ports import Completion, Handler, Invoker, Outcome
+from kworkers.message import Message
+
+#: a runner reports completions at least this often within a long batch
+PARTIAL_POST_S = 0.05
+
+#: the lane whose runner is calling the handler (the activity context reads it for fencing and
+#: for heartbeats that extend the message deadline)
+current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
+    "kworkers_lane", default=None)
+
+
+class HandOffRequest:
+    """Asked of the runtime by ``Runner.steps``: hand this failed attempt off."""
+
+    __slots__ = ("exc", "msg")
+
+    def __init__(self, msg: Message, exc: BaseException) -> None:
+        self.msg = msg
+        self.exc = exc
+
+
+#: what ``Runner.steps`` yields: a record to run, or a failure to hand off
+Request = Message | HandOffRequest
+#: sent back: the handler's exception (or None) for a record, ``Outcome | None`` for a hand-off
+Steps = Generator[Request, Any, None]
+HandOff = Callable[[Message, BaseException, Callable[[], bool]], Outcome | None]
+
+
+class Runtime(Protocol):
+    """Where runners execute: ``ThreadRuntime`` (sync handlers) or ``AsyncRuntime``."""
+
+    is_async: bool
+
+    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+            timed_out: Message | None) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class Progress:
+    """A runner's unreported completions.
+
+    ``lane.done`` always names the current list, so a revoke can collect it from a runner that
+    is stuck on a later record.
+    """
+
+    __slots__ = ("dead", "done", "lane", "now", "q", "retried", "t0")
+
+    def __init__(self, q: SimpleQueue[Completion], lane: Lane, clock: Clock) -> None:
+        self.q = q
+        self.lane = lane
+        self.now = clock.monotonic
+        self._reset()
+
+    def _reset(self) -> None:
+        self.done: list[int] = []
+        self.lane.done = self.done
+        self.retried = 0
+        self.dead = 0
+        self.t0 = self.now()
+
+    def record(self, offset: int, outcome: Outcome) -> None:
+        self.done.append(offset)
+        if outcome == "retry":
+            self.retried += 1
+        elif outcome == "dlq":
+            self.dead += 1
+        if self.now() - self.t0 > PARTIAL_POST_S:
+            self.post()
+
+    def post(self) -> None:
+        self.q.put((self.lane.part, self.done, self.retried, self.dead, self.now() - self.t0))
+        self._reset()
+
+    def finish(self, inc: int) -> None:
+        """The runner stops early (revoke, abandoned hand-off): report, drop the lane's queue."""
+        self.post()
+        lane = self.lane
+        with lane.lock:
+            if lane.incarnation == inc:
+                lane.queue = []
+                lane.running = False
+
+
+class Runner:
+    """Runs one processor's lanes on a shared runtime and reports to its completion queue."""
+
+    def __init__(self, handler: Handler, invoke: Invoker, hand_off: HandOff, runtime: Runtime,
+                 clock: Clock, message_timeout: float | None) -> None:
+        self.handler = handler
+        self.invoke = invoke
+        self._hand_off = hand_off
+        self.runtime = runtime
+        self.clock = clock
+        self.timeout = message_timeout
+        #: sync handlers are watched by the poll thread's deadline watchdog (async ones are
+        #: bounded by ``asyncio.wait_for`` in their runtime)
+        self.watched = message_timeout is not None and not runtime.is_async
+        self.done: SimpleQueue[Completion] = SimpleQueue()
+
+    def start(self, lane: Lane, items: list[Item], inc: int,
+              timed_out: Message | None = None) -> None:
+        self.runtime.run(self, lane, items, inc, timed_out)
+
+    def hand_off(self, ps: PartitionState, msg: Message, exc: BaseException) -> Outcome | None:
+        return self._hand_off(msg, exc, lambda: ps.revoking)
+
+    def steps(self, lane: Lane, batch: list[Item], inc: int, timed_out: Message | None) -> Steps:
+        """A runner's whole pass over ``lane``, starting with ``batch`` (see the module doc).
+
+        ``timed_out`` is the record the deadline watchdog took this lane from a stuck runner
+        for: it is handed off as a TimeoutError first. Whenever the lane's incarnation moves on
+        (the watchdog took it), this runner stops and its later results are fenced.
+        """
+        ps = lane.part
+        watched = self.watched
+        now = self.clock.monotonic
+        prog = Progress(self.done, lane, self.clock)
+        if timed_out is not None:
+            first = yield HandOffRequest(timed_out, TimeoutError(
+                f"handler exceeded its {self.timeout}s deadline"))
+            if first is None:
+                prog.finish(inc)
+                return
+            prog.record(timed_out.offset, first)
+        while True:
+            stopped = False
+            for i, item in enumerate(batch):
+                if ps.revoking:
+                    stopped = True
+                    break
+                if isinstance(item, Poisoned):
+                    msg, err = item.msg, item.exc
+                else:
+                    msg = item
+                    if watched:
+                        with lane.lock:
+                            if lane.incarnation != inc:
+                                break
+                            lane.current, lane.started, lane.batch, lane.pos = (
+                                msg, now(), batch, i)
+                    err = yield msg
+                if watched and lane.incarnation != inc:
+                    break  # the deadline already routed this record: a late result, fenced
+                outcome: Outcome = "ok"
+                if err is not None:
+                    handed = yield HandOffRequest(msg, err)
+                    if handed is None:
+                        stopped = True
+                        break
+                    outcome = handed
+                prog.record(msg.offset, outcome)
+            if watched and lane.incarnation != inc:
+                prog.post()
+                return
+            if watched:
+                lane.current = None
+            if stopped:
+                prog.finish(inc)
+                return
+            prog.post()
+            nxt = self._next_batch(lane, inc)
+            if nxt is None:
+                return
+            batch = nxt
+
+    @staticmethod
+    def _next_batch(lane: Lane, inc: int) -> list[Item] | None:
+        with lane.lock:
+            if lane.incarnation != inc:
+                return None
+            if lane.queue and not lane.part.revoking:
+                batch, lane.queue = lane.queue, []
+                return batch
+            lane.running = False
+            return None

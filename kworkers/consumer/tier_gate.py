@@ -1,0 +1,88 @@
+"""Retry-tier records wait in a timer heap until their due time, never running early.
+
+Only the retry loop has a gate: it reads tier topics ahead into a bounded ``DelayBuffer`` and
+releases each record when its ``kw-due-at`` passes, so records with different due times in one
+tier complete out of order instead of blocking behind the head. A record whose kworkers headers
+do not parse is released at once as ``Poisoned`` (dead-lettered with the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from kworkers.clock import Clock
+from kworkers.consumer.partition import Item, PartitionState, Poisoned
+from kworkers.consumer.ports import TP
+from kworkers.message import Message
+from kworkers.retry_tiers.delay import DelayBuffer
+from kworkers.retry_tiers.headers import HeaderError, attempt_of, check_due, due_at_of
+
+log = logging.getLogger("kworkers.consumer")
+
+
+class LatenessSink(Protocol):
+    """Where the gate reports how late a record ran (a Prometheus histogram child)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+class TierGate:
+    def __init__(self, capacity: int, max_ahead: float, lateness: LatenessSink,
+                 clock: Clock) -> None:
+        self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(capacity)
+        #: a due time further ahead than this is corrupt (no tier waits that long)
+        self.max_ahead = max_ahead
+        self.lateness = lateness
+        self.clock = clock
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def admit(self, ps: PartitionState, m: Message, now: float) -> Item | None:
+        """The item to run now, or None when ``m`` waits in the heap until due."""
+        try:
+            m = m._replace(attempt=attempt_of(m.headers))
+            due = due_at_of(m.headers)
+            if due is not None:
+                check_due(due, now, self.max_ahead)
+        except HeaderError as exc:
+            log.warning("%s/%d@%d has corrupt kworkers headers (%s): dead-lettering it",
+                        m.topic, m.partition, m.offset, exc)
+            return Poisoned(m, exc)
+        if due is not None and due > now:
+            self.buffer.push(due, (ps, m))
+            return None
+        if due is not None:
+            self.lateness.observe(max(0.0, now - due))
+        return m
+
+    def release_due(
+        self, parts: Mapping[TP, PartitionState]
+    ) -> list[tuple[PartitionState, Message]]:
+        """Records now due whose partition is still owned under the same assignment."""
+        if not len(self.buffer):
+            return []
+        now = self.clock.now()
+        out: list[tuple[PartitionState, Message]] = []
+        for ps, m in self.buffer.pop_due(now):
+            if parts.get(ps.tp) is not ps:
+                continue
+            d = due_at_of(m.headers)
+            if d is not None:
+                self.lateness.observe(max(0.0, now - d))
+            out.append((ps, m))
+        return out
+
+    def wait_bound(self, default: float) -> float:
+        """How long the poll may block without making the next due record late."""
+        due = self.buffer.next_due()
+        if due is None:
+            return default
+        return max(0.0, min(default, due - self.clock.now()))
+
+    def forget(self, targets: Iterable[PartitionState]) -> None:
+        gone = {id(ps) for ps in targets}
+        if gone:
+            self.buffer.drop(lambda item: id(item[0]) in gone)

@@ -1,0 +1,134 @@
+"""The one runner skeleton, driven by hand (no threads, no event loop): what it asks the runtime
+to do, and what it reports to the poll thread."""
+
+from __future__ import annotations
+
+from kworkers.clock import FakeClock
+from kworkers.consumer.partition import Item, PartitionState, Poisoned
+from kworkers.consumer.runner import HandOffRequest, Runner, Steps
+from kworkers.message import Message
+
+
+class _NoRuntime:
+    is_async = False
+
+    def run(self, *_a: object) -> None:
+        raise AssertionError("the test drives the skeleton itself")
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _runner(timeout: float | None = None) -> Runner:
+    return Runner(lambda m: None, lambda h, m: h(m), lambda m, e, c: "retry", _NoRuntime(),
+                  FakeClock(), timeout)
+
+
+def _msgs(*offsets: int) -> list[Item]:
+    return [Message("t", 0, o, None, b"") for o in offsets]
+
+
+def _drive(steps: Steps, fail: set[int], hand_off: str | None = "retry") -> list[str]:
+    """Runs the skeleton: records in ``fail`` raise; returns what it was asked, in order."""
+    asked: list[str] = []
+    try:
+        req = next(steps)
+        while True:
+            if isinstance(req, HandOffRequest):
+                asked.append(f"hand-off {req.msg.offset} {type(req.exc).__name__}")
+                req = steps.send(hand_off)
+            else:
+                asked.append(f"run {req.offset}")
+                req = steps.send(ValueError("x") if req.offset in fail else None)
+    except StopIteration:
+        return asked
+
+
+def test_runs_in_order_hands_off_failures_and_reports_each_outcome() -> None:
+    r = _runner()
+    ps = PartitionState("t", 0)
+    ps.lane.running = True
+    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2), 0, None), fail={1})
+    assert asked == ["run 0", "run 1", "hand-off 1 ValueError", "run 2"]
+    reported = r.done.get_nowait()
+    assert reported[0] is ps and reported[1] == [0, 1, 2] and reported[2] == 1  # one retried
+    assert not ps.lane.running  # the lane went idle
+
+
+def test_takes_what_was_queued_meanwhile() -> None:
+    r = _runner()
+    ps = PartitionState("t", 0)
+    ps.lane.running = True
+    steps = r.steps(ps.lane, _msgs(0), 0, None)
+    assert next(steps) == _msgs(0)[0]
+    ps.lane.queue.extend(_msgs(1))  # the poll thread enqueued while offset 0 ran
+    assert _drive_rest(steps) == ["run 1"]
+
+
+def _drive_rest(steps: Steps) -> list[str]:
+    asked = []
+    try:
+        req = steps.send(None)
+        while True:
+            assert not isinstance(req, HandOffRequest)
+            asked.append(f"run {req.offset}")
+            req = steps.send(None)
+    except StopIteration:
+        return asked
+
+
+def test_a_poisoned_record_is_handed_off_without_running() -> None:
+    r = _runner()
+    ps = PartitionState("t", 0)
+    bad = Poisoned(Message("t", 0, 0, None, b""), ValueError("corrupt header"))
+    asked = _drive(r.steps(ps.lane, [bad, *_msgs(1)], 0, None), fail=set())
+    assert asked == ["hand-off 0 ValueError", "run 1"]
+
+
+def test_a_revoke_stops_the_runner_and_drops_the_queue() -> None:
+    r = _runner()
+    ps = PartitionState("t", 0)
+    ps.lane.running = True
+    steps = r.steps(ps.lane, _msgs(0, 1), 0, None)
+    next(steps)
+    ps.lane.queue.extend(_msgs(2))
+    ps.revoking = True
+    try:
+        steps.send(None)
+        raise AssertionError("the runner should have stopped")
+    except StopIteration:
+        pass
+    assert r.done.get_nowait()[1] == [0]  # offset 0 finished and is reported; 1 never ran
+    assert ps.lane.queue == [] and not ps.lane.running
+
+
+def test_an_abandoned_hand_off_completes_nothing_after_it() -> None:
+    r = _runner()
+    ps = PartitionState("t", 0)
+    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2), 0, None), fail={1}, hand_off=None)
+    assert asked == ["run 0", "run 1", "hand-off 1 ValueError"]
+    assert r.done.get_nowait()[1] == [0]
+
+
+def test_a_lane_taken_by_the_deadline_fences_the_late_result() -> None:
+    r = _runner(timeout=1.0)
+    ps = PartitionState("t", 0)
+    steps = r.steps(ps.lane, _msgs(0, 1), 0, None)
+    assert next(steps) == _msgs(0)[0]
+    assert ps.lane.current == _msgs(0)[0]  # watched
+    ps.lane.incarnation += 1  # the watchdog took the lane while offset 0 was stuck
+    try:
+        steps.send(None)  # offset 0's late result
+        raise AssertionError("the stale runner should have stopped")
+    except StopIteration:
+        pass
+    assert r.done.get_nowait()[1] == []  # nothing completed by the stale runner
+
+
+def test_a_fresh_runner_hands_off_the_timed_out_record_first() -> None:
+    r = _runner(timeout=1.0)
+    ps = PartitionState("t", 0)
+    stuck = Message("t", 0, 0, None, b"")
+    ps.lane.incarnation = 1  # bumped by the watchdog that started this runner
+    asked = _drive(r.steps(ps.lane, _msgs(1), 1, stuck), fail=set())
+    assert asked == ["hand-off 0 TimeoutError", "run 1"]
