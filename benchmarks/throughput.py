@@ -155,7 +155,7 @@ def kworkers_run(bootstrap: str, topic: str, n: int, timeout: float = 600.0,
 def profile_run(bootstrap: str, topic: str, n: int, out: str | None) -> None:
     """The kworkers side once more, under pyinstrument, which samples one thread per profiler.
 
-    Two profiles: the poll loop (``ConsumerLoop``: poll, convert, dispatch, complete, commit),
+    Two profiles: the poll loop (``Processor``: poll, convert, dispatch, complete, commit),
     run on the main thread here; and one handler-pool thread (``_run_sync`` and the invoker
     around the handler), sampled from 10% to 90% of the records.
     """
