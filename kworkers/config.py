@@ -103,6 +103,19 @@ class WorkerConfig:
         return {k: v for k, v in self.consumer_config.items()
                 if k.startswith(("security.", "sasl.", "ssl."))}
 
+    def started_work_bound(self) -> float:
+        """How long a graceful stop waits for handler calls already started: their deadline
+        when there is one, never more than ``drain_timeout`` (queued records are not waited
+        for: the next owner reads them again)."""
+        if self.message_timeout is None:
+            return self.drain_timeout
+        return min(self.drain_timeout, self.message_timeout)
+
+    def leave_bound(self) -> float:
+        """The longest a graceful stop takes: started work, then the last commit (which polls
+        through a rebalance in progress for up to ``revoke_timeout``)."""
+        return self.started_work_bound() + self.revoke_timeout
+
     @property
     def retry_group_id(self) -> str:
         """Tier topics have a group of their own, so waiting retries never count as main lag."""

@@ -62,8 +62,8 @@ class Lane:
 
 
 class PartitionState:
-    __slots__ = ("clock", "lane", "lanes", "partition", "paused", "revoking", "topic", "tp",
-                 "tracker")
+    __slots__ = ("clock", "halted", "lane", "lanes", "partition", "paused", "revoking", "topic",
+                 "tp", "tracker")
 
     def __init__(self, topic: str, partition: int, clock: Clock = _SYSTEM_CLOCK) -> None:
         #: the worker's clock: deadlines of this partition's lanes are measured on it
@@ -75,8 +75,11 @@ class PartitionState:
         self.lane = Lane(self)  # the partition lane (ordering="partition")
         self.lanes: dict[Any, Lane] = {}  # key lanes (ordering="key")
         self.paused = False
-        #: set when the partition is revoked or lost: runners stop at the next record
+        #: set when the partition is revoked or lost: its results are fenced, hand-offs in
+        #: progress are abandoned (the next owner reads the record again)
         self.revoking = False
+        #: set on a revoke and on a graceful stop: runners start no further record
+        self.halted = False
 
     def lane_for(self, key: bytes | None) -> Lane:
         lane = self.lanes.get(key)
@@ -91,11 +94,21 @@ class PartitionState:
         return any(lane.running for lane in self.all_lanes())
 
     def stop_dispatch(self) -> None:
-        """Queued records are dropped (never completed, so never committed past)."""
+        """Revoked or lost: ``halt``, and fence whatever is still running."""
         self.revoking = True
+        self.halt()
+
+    def halt(self) -> None:
+        """No further record starts; queued ones are dropped (never completed, so never
+        committed past: the next owner reads them again, and no effect of theirs ran)."""
+        self.halted = True
         for lane in self.all_lanes():
             with lane.lock:
                 lane.queue = []
+
+    def running(self) -> int:
+        """Lanes whose runner is still busy (a handler call or a hand-off under way)."""
+        return sum(1 for lane in self.all_lanes() if lane.running)
 
     def prune_idle_lanes(self) -> None:
         for key, lane in list(self.lanes.items()):

@@ -120,18 +120,28 @@ class Processor:
             self._last_commit = now
 
     def _drain(self) -> None:
-        """SIGTERM: pause everything, let in-flight work finish (bounded), commit."""
+        """A graceful stop: start nothing more, finish what started, commit, then leave.
+
+        Records fetched but not started cost nothing to give back: the next owner reads them
+        again and none of their effects ran. So they are dropped at once, and only handler calls
+        (and hand-offs) already under way are waited for, bounded by the per-message deadline
+        when there is one and by ``drain_timeout`` in any case.
+        """
         self._draining = True
+        parts = list(self.parts.values())
+        for ps in parts:
+            ps.halt()
         self._backpressure()
         clock = self.clock
-        deadline = clock.monotonic() + self.config.drain_timeout
-        while self._in_flight_runnable() > 0 and clock.monotonic() < deadline:
-            self.consumer.poll_batch(self.config.consume_batch, 0.05)  # heartbeats, rebalances
-            self._apply_completions()
-        left = self._in_flight_runnable()
+        deadline = clock.monotonic() + self.config.started_work_bound()
+        while any(ps.running() for ps in self.parts.values()) and clock.monotonic() < deadline:
+            self.consumer.poll_batch(self.config.consume_batch, 0.0)  # heartbeats, rebalances
+            self._apply_completions(block=0.02)
+        self._apply_completions()
+        left = sum(ps.running() for ps in self.parts.values())
         if left:
-            log.warning("drain deadline reached with %d records in flight; they will be "
-                        "redelivered", left)
+            log.warning("drain deadline reached with %d handler calls still running; their "
+                        "records will be redelivered", left)
         self._collect_unreported(list(self.parts.values()))
         # The last commit before leaving decides whether the next owner redelivers anything.
         # A rebalance in progress (other members bouncing) refuses commits until it settles,
@@ -144,10 +154,6 @@ class Processor:
                 break
             self.consumer.poll_batch(self.config.consume_batch, 0.2)
             self._apply_completions()
-
-    def _in_flight_runnable(self) -> int:
-        waiting = len(self.gate) if self.gate is not None else 0
-        return sum(ps.tracker.in_flight for ps in self.parts.values()) - waiting
 
     # ------------------------------------------------------------------ completions
 
@@ -232,6 +238,8 @@ class Processor:
                 old.stop_dispatch()
             ps = self.parts[tp] = PartitionState(*tp, clock=self.clock)
             ps.paused = self._draining
+            if self._draining:
+                ps.halt()
         if self._draining and tps:
             self.consumer.pause(list(tps))
         log.info("%s assigned %s", self.group, sorted(tps))

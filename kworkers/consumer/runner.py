@@ -150,7 +150,7 @@ class Runner:
         while True:
             stopped = False
             for i, item in enumerate(batch):
-                if ps.revoking:
+                if ps.halted:
                     stopped = True
                     break
                 if isinstance(item, Poisoned):
@@ -193,7 +193,7 @@ class Runner:
         with lane.lock:
             if lane.incarnation != inc:
                 return None
-            if lane.queue and not lane.part.revoking:
+            if lane.queue and not lane.part.halted:
                 batch, lane.queue = lane.queue, []
                 return batch
             lane.running = False

@@ -83,10 +83,11 @@ class _Names:
 
 
 def grace_period(config: WorkerConfig) -> int:
-    """``terminationGracePeriodSeconds``: the drain deadline, a revoke's deadline (a rebalance
-    can be running when SIGTERM comes) and a margin for the last commit and leaving the group.
+    """``terminationGracePeriodSeconds``: what a graceful stop waits for (handler calls already
+    started, bounded by their deadline or ``drain_timeout``; queued records are given back at
+    once), the last commit through a rebalance in progress, and a margin for leaving the group.
     Anything shorter and the kubelet's SIGKILL cuts a drain short: redeliveries, not losses."""
-    return math.ceil(config.drain_timeout + config.revoke_timeout) + GRACE_MARGIN_S
+    return math.ceil(config.leave_bound()) + GRACE_MARGIN_S
 
 
 def _command_target(module: str) -> str:

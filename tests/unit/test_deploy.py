@@ -128,6 +128,13 @@ def test_grace_period_covers_drain_and_revoke() -> None:
     assert default["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30 + 10 + 15
 
 
+def test_grace_period_follows_started_work_not_the_queue() -> None:
+    """A stop waits for started handler calls only, so their deadline bounds it."""
+    cfg = WorkerConfig(topics=("orders",), group_id="g", message_timeout=5, revoke_timeout=5)
+    dep = manifests(cfg, **EXAMPLE_ARGS)["k8s/deployment.yaml"]
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 5 + 5 + 15
+
+
 def test_deployment_runs_the_module_and_probes_the_metrics_port() -> None:
     dep = sample(metrics_port=9300)["k8s/deployment.yaml"]
     pod = dep["spec"]["template"]["spec"]

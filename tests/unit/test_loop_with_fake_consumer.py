@@ -236,3 +236,44 @@ def test_backpressure_pauses_and_resumes_a_partition() -> None:
     loop.stop()
     assert paused_seen == [True]
     assert not consumer.records  # resumed and drained
+
+
+def test_a_graceful_stop_finishes_started_work_only_and_commits_past_it() -> None:
+    consumer = ScriptedConsumer(_msgs(200), [])
+    started, release = threading.Event(), threading.Event()
+    calls: Counter[int] = Counter()
+
+    def handle(msg: Message) -> None:
+        calls[msg.offset] += 1
+        if msg.offset == 3:
+            started.set()
+            release.wait(10)
+
+    h, _sleeps, _metrics = _loop(consumer, handle, consume_batch=200)
+    h.start()
+    assert started.wait(10)  # offsets 4..199 are fetched and queued behind offset 3
+    stopper = threading.Thread(target=h.stop)
+    stopper.start()
+    time.sleep(0.2)  # the stop is under way while offset 3 still runs
+    release.set()
+    stopper.join(30)
+    assert sorted(calls) == [0, 1, 2, 3] and max(calls.values()) == 1  # no queued record ran
+    assert consumer.commits[-1] == ({("t", 0): 4}, "ok")  # the started record is committed
+    assert consumer.closed
+
+
+def test_a_graceful_stop_does_not_wait_past_the_message_deadline() -> None:
+    consumer = ScriptedConsumer(_msgs(5), [])
+    started, release = threading.Event(), threading.Event()
+
+    def handle(msg: Message) -> None:
+        if msg.offset == 1:
+            started.set()
+            release.wait(30)  # far slower than its deadline
+
+    h, _sleeps, _metrics = _loop(consumer, handle, message_timeout=0.3, drain_timeout=30)
+    h.start()
+    assert started.wait(10)
+    h.stop()  # returns although offset 1 is still running: the deadline bounds the wait
+    release.set()
+    assert consumer.commits[-1][0] == {("t", 0): 1}  # offset 1 is left to the next owner

@@ -92,7 +92,7 @@ def test_a_revoke_stops_the_runner_and_drops_the_queue() -> None:
     steps = r.steps(ps.lane, _msgs(0, 1), 0, None)
     next(steps)
     ps.lane.queue.extend(_msgs(2))
-    ps.revoking = True
+    ps.stop_dispatch()
     try:
         steps.send(None)
         raise AssertionError("the runner should have stopped")
