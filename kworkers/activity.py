@@ -166,7 +166,14 @@ class ActivityInvoker:
         if self.store is None or ctx.key is None or ctx.key is _UNSET or ctx.token is None:
             return
         if ok:
-            self.store.complete(ctx.key, ctx.token, self.clock.now())
+            try:
+                self.store.complete(ctx.key, ctx.token, self.clock.now())
+            except FencedError:
+                # The handler marked the key done itself (``apply_once`` in the store's
+                # transaction bumps the token): the effect is committed, nothing is left to
+                # complete. Failing the record here would only send it through a retry tier.
+                if not self.store.is_done(ctx.key):
+                    raise
         else:
             self.store.release(ctx.key, ctx.token)
 
