@@ -59,7 +59,7 @@ from kworkers.errors import KworkersError, RetryableError
 from kworkers.message import Message
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
-from kworkers.testing.effects import Ledger
+from kworkers.testing.ledger import Ledger
 
 PARTITIONS = 6
 #: Short tiers and few attempts: retries are visible within seconds, and with a 50% failure
@@ -112,7 +112,8 @@ class Outcomes:
                              (key, msg.topic, msg.attempt, outcome, os.getpid(), time.time()))
 
     def applied(self, key: str) -> bool:
-        row = self._conn().execute("SELECT 1 FROM effects WHERE key = ?", (key,)).fetchone()
+        row = self._conn().execute("SELECT 1 FROM kworkers_ledger_effects WHERE key = ?",
+                                   (key,)).fetchone()
         return row is not None
 
     def count(self, outcome: str) -> int:
@@ -146,7 +147,7 @@ def worker_main(argv: list[str]) -> int:
     @worker.handler
     def handle(msg: Message) -> None:
         key = (msg.value or b"").decode("utf-8", "replace")
-        ledger.delivered(key, msg.topic, msg.partition, msg.offset, msg.attempt)
+        ledger.delivered(key, msg)
         if outcomes.applied(key):
             # the idempotent receiver: a redelivery of applied work is acknowledged, not redone
             outcomes.record(key, msg, "absorbed")
@@ -154,8 +155,8 @@ def worker_main(argv: list[str]) -> int:
         if not flag.exists() and rnd.random() < args.fail_rate:
             outcomes.record(key, msg, "failed")
             raise RetryableError("FlakyDownstream", f"injected failure, attempt {msg.attempt}")
-        applied = ledger.apply_once(key, key)
-        outcomes.record(key, msg, "applied" if applied else "absorbed")
+        ledger.apply(key, msg)
+        outcomes.record(key, msg, "applied")
 
     print("worker ready", flush=True)
     worker.run()
@@ -480,9 +481,9 @@ class FlakyDemo:
         deliveries = ledger.deliveries()
         # attempt > 1 runs only from a tier topic; keyed by tier label, shortest tier first
         per_tier = {t.label: 0 for t in TIERS.tiers("demo")}
-        for _value, topic, _part, _off, attempt in deliveries:
-            if attempt > 1:
-                label = topic.rpartition(".retry.")[2]
+        for d in deliveries:
+            if d.attempt > 1:
+                label = d.topic.rpartition(".retry.")[2]
                 per_tier[label] = per_tier.get(label, 0) + 1
         return DemoReport(
             activities=len(self.expected), effects=len(values), distinct_effects=len(got),

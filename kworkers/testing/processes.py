@@ -1,4 +1,4 @@
-"""Worker processes a fault test can start, SIGTERM and SIGKILL."""
+"""Worker processes a fault test can start, SIGTERM and SIGKILL, and a pool that restarts them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from kworkers.testing.checker import FaultLog
 
 
 class WorkerProcess:
@@ -29,6 +31,10 @@ class WorkerProcess:
                                      start_new_session=True)
         log.close()
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
     @property
     def alive(self) -> bool:
@@ -54,3 +60,22 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text("utf-8", "replace") if self.log_path.exists() else ""
+
+
+def keep_alive(workers: Sequence[WorkerProcess],
+               faults: FaultLog | None = None) -> Callable[[], None]:
+    """A tick that starts every worker not running; a worker that died (killed by the test or
+    by its own kill point) is recorded in ``faults`` as the victim, with the commit floors of
+    that moment, before it is started again."""
+
+    def tick() -> None:
+        for w in workers:
+            if w.alive:
+                continue
+            if w.proc is not None and faults is not None:
+                code = w.proc.returncode
+                faults.record(f"{w.log_path.stem} (pid {w.proc.pid}) exited {code}",
+                              victim_pid=w.proc.pid)
+            w.start()
+
+    return tick

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kworkers.admin import TopicSpec, admin_client, create_topics
+
+
+def full_size(full: int, ci: int) -> int:
+    """A test's size: ``full`` with ``KWORKERS_FULL=1`` (run by hand, figures in the docs),
+    else the small ``ci`` size that keeps CI short."""
+    return full if os.environ.get("KWORKERS_FULL", "") not in ("", "0") else ci
 
 
 def unique(prefix: str) -> str:
@@ -44,6 +51,31 @@ def produce_numbered(bootstrap: str, topic: str, n: int, keys: int = 16, start: 
     """Values b"<i>", keys b"k<i % keys>": a checker can tell lost from duplicated."""
     return produce(bootstrap, topic, ((f"k{i % keys}".encode(), str(i).encode())
                                       for i in range(start, start + n)))
+
+
+def produce_activities(bootstrap: str, topic: str, n: int, prefix: str,
+                       activity: str = "charge") -> list[str]:
+    """``n`` activity records (workflow ``<prefix>-<i>``, the given activity id, as
+    ``kw-workflow-id``/``kw-activity-id`` headers; key = workflow id, value = ``<i>``): their
+    idempotency keys ``<prefix>-<i>/<activity>``, in order."""
+    from kworkers.envelope.envelope import ids_to_headers
+
+    keys = []
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                  "log_level": 3})
+    for i in range(n):
+        wf = f"{prefix}-{i}"
+        keys.append(f"{wf}/{activity}")
+        while True:
+            try:
+                p.produce(topic, key=wf.encode(), value=str(i).encode(),
+                          headers=list(ids_to_headers(wf, activity)))
+                break
+            except BufferError:
+                p.poll(0.1)
+    if p.flush(60):
+        raise RuntimeError(f"activities not delivered to {topic}")
+    return keys
 
 
 def committed_total(bootstrap: str, group: str, topic: str, partitions: int) -> int:

@@ -1,33 +1,231 @@
-"""The fault checker itself must be able to say no."""
+"""The ledger and the checker must be able to say no: each finding, shown firing and not firing.
+
+No broker here: the log is built by hand (``Log``), so every case is exact, including the
+offset gaps a transaction's control records leave.
+"""
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from kworkers.testing.effects import Ledger, check
+import pytest
+
+from kworkers.idempotency import SqliteStore, TransactionalStore
+from kworkers.message import Message
+from kworkers.testing.checker import Fault, Log, LogRecord, check, record_key
+from kworkers.testing.instruments import KillPoint, RecordingInvoker
+from kworkers.testing.ledger import Ledger
+
+T = "src"
 
 
-def _ledger(tmp_path: Path) -> Ledger:
-    led = Ledger(tmp_path / "l.db")
-    for off, value in enumerate(["a", "b", "c", "d"]):
-        led.delivered(value, "t", 0, off, 1)
-        led.apply_once(value, value)
-    return led
+def _log(parts: dict[int, list[int]]) -> Log:
+    """Records with value ``p<part>o<offset>`` at the given offsets of each partition."""
+    return Log(T, {p: [LogRecord(p, o, None, f"p{p}o{o}".encode(), ()) for o in offs]
+                   for p, offs in parts.items()},
+               {p: (min(offs, default=0), max(offs, default=-1) + 1) for p, offs in parts.items()})
 
 
-def test_a_clean_run_is_ok(tmp_path: Path) -> None:
-    report = check(_ledger(tmp_path), {"a", "b", "c", "d"}, "t", [{0: 2}, {0: 4}])
+def _msg(part: int, off: int) -> Message:
+    return Message(T, part, off, None, f"p{part}o{off}".encode())
+
+
+def _run(ledger: Ledger, parts: dict[int, list[int]], pid: int = 100, at: float = 1.0) -> None:
+    """Each record delivered once and applied once, by ``pid``."""
+    for p, offs in parts.items():
+        for o in offs:
+            key = f"p{p}o{o}"
+            ledger.delivered(key, _msg(p, o), pid=pid, at=at)
+            ledger.apply(key, _msg(p, o), pid=pid, at=at)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "ledger.db")
+
+
+PARTS = {0: [0, 1, 2, 3], 1: [0, 1], 2: []}
+
+
+def test_a_clean_run_is_ok(ledger: Ledger) -> None:
+    _run(ledger, PARTS)
+    report = check(ledger, log=_log(PARTS), commits=[{0: 2, 1: 1, 2: -1001}, {0: 4, 1: 2}])
+    assert report.ok, report.summary()
+    assert (report.expected, report.applications, report.dup) == (6, 6, 0)
+
+
+def test_a_second_application_is_a_duplicate(ledger: Ledger) -> None:
+    _run(ledger, PARTS)
+    ledger.apply("p0o2")  # nothing is unique, nothing is ignored
+    report = check(ledger, log=_log(PARTS))
+    assert report.duplicates == {"p0o2": 2}
+    assert report.dup == 1
+    assert not report.ok
+    assert "duplicates=1" in report.summary()
+
+
+def test_missing_unexpected_and_not_in_log(ledger: Ledger) -> None:
+    _run(ledger, {0: [0, 1, 2]})
+    ledger.apply("stranger")
+    report = check(ledger, log=_log(PARTS), expected={"p0o0", "p0o1", "p0o2", "p0o3", "ghost"})
+    assert report.missing == ["ghost", "p0o3"]
+    assert report.unexpected == ["stranger"]
+    assert report.not_in_log == ["ghost"]
+    assert not report.ok
+
+
+def test_skips_are_judged_from_the_log_start_on_every_partition(ledger: Ledger) -> None:
+    """Offsets 0..1 of partition 0 never handled, and partition 1 never handled at all."""
+    _run(ledger, {0: [2, 3]})
+    report = check(ledger, log=_log(PARTS), commits=[{0: 4, 1: 2, 2: -1001}])
+    assert report.skipped == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert set(report.missing) == {"p0o0", "p0o1", "p1o0", "p1o1"}
+
+
+def test_transaction_markers_leave_gaps_that_are_not_losses(ledger: Ledger) -> None:
+    parts = {0: [0, 1, 3, 4, 6]}  # 2 and 5: commit markers a read_committed reader never sees
+    _run(ledger, parts)
+    report = check(ledger, log=_log(parts), commits=[{0: 7}])
     assert report.ok, report.summary()
 
 
-def test_lost_duplicate_skipped_and_non_monotonic_are_reported(tmp_path: Path) -> None:
-    led = _ledger(tmp_path)
-    led.delivered("b", "t", 0, 1, 1)  # a redelivery: allowed, counted
-    led._conn().execute("INSERT INTO effects VALUES ('b2', 'b', 1, 0)")  # effect twice
-    report = check(led, {"a", "b", "c", "d", "e"}, "t", [{0: 3}, {0: 2}, {0: 6}])
-    assert report.lost == ["e"]
-    assert report.duplicate_effects == 1
-    assert report.redeliveries == 1
+def test_commits_going_backwards_are_reported(ledger: Ledger) -> None:
+    _run(ledger, PARTS)
+    report = check(ledger, log=_log(PARTS), commits=[{0: 3}, {0: 2}, {0: 4}])
     assert report.non_monotonic == [(0, 3, 2)]
-    assert report.skipped == [(0, 4), (0, 5)]  # committed to 6, offsets 4 and 5 never handled
-    assert not report.ok
+
+
+def test_a_redelivery_needs_a_fault_whose_floor_allows_it(ledger: Ledger) -> None:
+    _run(ledger, {0: [0, 1, 2, 3]}, pid=100, at=1.0)
+    ledger.delivered("p0o1", _msg(0, 1), pid=200, at=3.0)  # offset 1 delivered again
+    ledger.delivered("p0o3", _msg(0, 3), pid=200, at=3.0)
+    log = _log({0: [0, 1, 2, 3]})
+    unexplained = check(ledger, log=log)
+    assert unexplained.unexplained == [(0, 1), (0, 3)]
+    assert unexplained.redeliveries == 2
+    # a kill at t=2 with offset 1 committed as the floor: offset 1 and 3 were uncommitted
+    fine = check(ledger, log=log, faults=[Fault(2.0, {0: 1}, "SIGKILL")])
+    assert fine.unexplained == []
+    # the same kill with the floor at 2: offset 1 was committed, so its redelivery is wrong
+    wrong = check(ledger, log=log, faults=[Fault(2.0, {0: 2}, "SIGKILL")])
+    assert wrong.unexplained == [(0, 1)]
+    # a fault after both deliveries explains nothing
+    late = check(ledger, log=log, faults=[Fault(4.0, {0: 0}, "SIGKILL")])
+    assert late.unexplained == [(0, 1), (0, 3)]
+    # one before both may (its consequences outlast it), unless a later one had committed
+    early = Fault(0.5, {0: 0}, "broker restart")
+    assert check(ledger, log=log, faults=[early]).unexplained == []
+    assert check(ledger, log=log, faults=[early, Fault(2.0, {0: 2}, "k")]).unexplained \
+        == [(0, 1)]
+
+
+def test_a_kill_mid_flight_must_cause_a_redelivery(ledger: Ledger) -> None:
+    _run(ledger, {0: [0, 1, 2]}, pid=100, at=1.0)
+    log = _log({0: [0, 1, 2]})
+    kill = Fault(2.0, {0: 1}, "SIGKILL w0", victim_pid=100)  # 1 and 2 were uncommitted
+    report = check(ledger, log=log, faults=[kill])
+    assert report.not_redelivered == [(0, 1, "SIGKILL w0"), (0, 2, "SIGKILL w0")]
+    ledger.delivered("p0o1", _msg(0, 1), pid=300, at=3.0)
+    ledger.delivered("p0o2", _msg(0, 2), pid=300, at=3.0)
+    assert check(ledger, log=log, faults=[kill]).ok
+    # nothing committed at the kill: every offset the victim had must come back
+    assert check(ledger, log=log, faults=[Fault(2.0, {0: -1001}, "k", 100)]).not_redelivered \
+        == [(0, 0, "k")]
+
+
+def test_check_needs_something_to_judge_against(ledger: Ledger) -> None:
+    with pytest.raises(ValueError, match="log or the expected"):
+        check(ledger)
+
+
+def test_record_key_prefers_activity_ids() -> None:
+    hs = (("kw-workflow-id", b"wf-1"), ("kw-activity-id", b"charge"))
+    assert record_key(hs, b"whatever") == "wf-1/charge"
+    assert record_key((), b"42") == "42"
+
+
+# ---------------------------------------------------------------------- in a store's transaction
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransactionalStore[Any]]:
+    table = f"kwt_{uuid.uuid4().hex[:10]}"
+    if request.param == "sqlite":
+        s: TransactionalStore[Any] = SqliteStore(tmp_path / "store.db", table=table)
+    else:
+        dsn = os.environ.get("KWORKERS_PG_DSN")
+        if not dsn:
+            pytest.skip("KWORKERS_PG_DSN is unset (source scripts/services.sh; ensure_postgres)")
+        from kworkers.idempotency.postgres import PostgresStore
+
+        s = PostgresStore(dsn, table=table)
+    yield s
+    if request.param == "postgres":
+        with s.atomic() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}", ())
+    s.close()
+
+
+def test_effects_in_the_store_transaction_commit_and_roll_back_with_it(
+        store: TransactionalStore[Any]) -> None:
+    table = f"kwl_{uuid.uuid4().hex[:10]}"
+    ledger = Ledger.on_store(store, table=table)
+    try:
+        assert store.apply_once("k1", lambda conn: ledger.apply_in(conn, "k1"))
+        assert not store.apply_once("k1", lambda conn: ledger.apply_in(conn, "k1"))
+
+        def boom(conn: Any) -> None:
+            ledger.apply_in(conn, "k2")
+            raise RuntimeError("the effect failed after writing its row")
+
+        with pytest.raises(RuntimeError):
+            store.apply_once("k2", boom)
+        assert ledger.applications() == {"k1": 1}  # k2's row rolled back with the effect
+        ledger.apply("k1")  # an application outside the store (lease mode): appended, counted
+        assert ledger.applications() == {"k1": 2}
+        assert check(ledger, expected={"k1"}).duplicates == {"k1": 2}
+    finally:
+        ledger.drop()
+
+
+def test_a_standalone_ledger_has_no_unique_key(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    ledger.apply("k")
+    ledger.apply("k")
+    conn = sqlite3.connect(tmp_path / "l.db")
+    sql = " ".join(r[0] for r in conn.execute("SELECT sql FROM sqlite_master"))
+    assert "UNIQUE" not in sql.upper() and "PRIMARY" not in sql.upper()
+    assert ledger.effect_values() == ["k", "k"]
+    assert ledger.counts() == (0, 2)
+
+
+def test_recording_invoker_records_before_the_inner_invoker(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    seen: list[int] = []
+
+    def inner(handler: Any, msg: Message) -> None:
+        seen.append(ledger.counts()[0])  # the delivery row is already there
+
+    RecordingInvoker(ledger, inner)(lambda m: None, _msg(0, 5))
+    assert seen == [1]
+    (d,) = ledger.deliveries()
+    assert (d.key, d.topic, d.partition, d.offset, d.pid) == ("p0o5", T, 0, 5, os.getpid())
+
+
+def test_kill_point_spec_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="KEY@STEP"):
+        KillPoint("k@sometime", tmp_path)
+    with pytest.raises(ValueError, match="markers"):
+        KillPoint("k@after-effect", None)
+    kp = KillPoint("k@after-effect", tmp_path)
+    kp.at("before-effect", "k")  # another step: no kill
+    kp.at("after-effect", "other")  # another key: no kill
+    assert not kp.fired()
+    (tmp_path / "killed-k").write_text("1")  # fired in an earlier process
+    kp.at("after-effect", "k")  # already fired: goes on
+    assert kp.fired()
