@@ -100,6 +100,11 @@ ensure_all() {
   fi
 }
 
+# iproute2 for the network-partition fault test (network namespaces, veth pairs; needs root).
+ensure_iproute() {
+  command -v ip >/dev/null 2>&1 || apt_install iproute2
+}
+
 # PostgreSQL and Redis for the idempotency-store tests (Debian packages, loopback only).
 ensure_stores() {
   ensure_postgres

@@ -11,7 +11,13 @@ Three ways to get one, behind one interface, chosen by ``broker_from_env``:
 
 A fault test needs to stop, SIGKILL and restart the broker *with its data*: the container is
 stopped and started again (its filesystem survives), the process is restarted on the same data
-directory and ports.
+directory and ports. ``pause()``/``resume()`` freeze the broker without closing a socket
+(``docker pause`` / SIGSTOP and SIGCONT), so a client's request is sent and never answered: the
+way to make a commit or a produce time out for certain.
+
+``listeners={"NETNS": "10.213.0.1:39092"}`` adds a plaintext listener on another address,
+advertised as itself (the network-partition test reaches the broker from a network namespace
+through it; the address must exist on the host before the broker starts).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +60,16 @@ def sasl_env(port: int, controller_port: int, sasl_port: int,
         "KAFKA_SASL_ENABLED_MECHANISMS": "PLAIN",
         "KAFKA_LISTENER_NAME_SASL__PLAINTEXT_PLAIN_SASL_JAAS_CONFIG": jaas,
     }
+
+
+def listener_env(env: Mapping[str, str], listeners: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with one more plaintext listener per ``NAME: host:port``, advertised as is."""
+    out = dict(env)
+    for name, address in listeners.items():
+        out["KAFKA_LISTENERS"] += f",{name}://{address}"
+        out["KAFKA_ADVERTISED_LISTENERS"] += f",{name}://{address}"
+        out["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"] += f",{name}:PLAINTEXT"
+    return out
 
 
 def _server_env(port: int, controller_port: int) -> dict[str, str]:
@@ -119,7 +136,7 @@ def _host_port(bootstrap: str) -> tuple[str, int]:
 
 
 class Broker(Protocol):
-    """A broker a test can use and, where ``supports_faults``, stop, kill and restart."""
+    """A broker a test can use and, where ``supports_faults``, stop, kill, pause and restart."""
 
     bootstrap_servers: str
     supports_faults: bool
@@ -127,6 +144,8 @@ class Broker(Protocol):
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def kill(self) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
     def restart(self, hard: bool = False) -> None: ...
     def close(self) -> None: ...
     def logs(self) -> str: ...
@@ -147,6 +166,8 @@ class ExternalBroker:
         raise NotImplementedError("cannot stop an external broker")
 
     kill = stop
+    pause = stop
+    resume = stop
 
     def restart(self, hard: bool = False) -> None:
         raise NotImplementedError("cannot restart an external broker")
@@ -164,7 +185,8 @@ class ContainerBroker:
     supports_faults = True
 
     def __init__(self, image: str = DEFAULT_KAFKA_IMAGE, extra_env: dict[str, str] | None = None,
-                 sasl_users: dict[str, str] | None = None):
+                 sasl_users: dict[str, str] | None = None,
+                 listeners: Mapping[str, str] | None = None):
         os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         self.image = image
         self.port = free_port()
@@ -176,6 +198,7 @@ class ContainerBroker:
             sasl_port = free_port()
             self.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
             self.env.update(sasl_env(self.port, self.controller_port, sasl_port, sasl_users))
+        self.env = listener_env(self.env, listeners or {})
         self._tc: Any = None
 
     def _container(self) -> Any:
@@ -198,12 +221,26 @@ class ContainerBroker:
         c.reload()
         return bool(c.status in ("running", "created", "restarting"))
 
+    def _unpause(self) -> None:
+        c = self._container()
+        c.reload()
+        if c.status == "paused":
+            c.unpause()
+
     def stop(self) -> None:
+        self._unpause()
         self._container().stop(timeout=30)
 
     def kill(self) -> None:
+        self._unpause()
         self._container().kill(signal="SIGKILL")
         self._container().wait(timeout=30)
+
+    def pause(self) -> None:
+        self._container().pause()
+
+    def resume(self) -> None:
+        self._container().unpause()
 
     def restart(self, hard: bool = False) -> None:
         self.kill() if hard else self.stop()
@@ -233,7 +270,8 @@ class ProcessBroker:
     supports_faults = True
 
     def __init__(self, kafka_home: Path | None = None, extra_env: dict[str, str] | None = None,
-                 sasl_users: dict[str, str] | None = None):
+                 sasl_users: dict[str, str] | None = None,
+                 listeners: Mapping[str, str] | None = None):
         self.home = kafka_home or default_kafka_home()
         runner = self.home / "bin" / "kafka-run"
         if not runner.exists():
@@ -258,6 +296,7 @@ class ProcessBroker:
             sasl_port = free_port()
             self.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
             self.env.update(sasl_env(self.port, self.controller_port, sasl_port, sasl_users))
+        self.env = listener_env(self.env, listeners or {})
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -278,6 +317,7 @@ class ProcessBroker:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, sig)
+            os.killpg(self._proc.pid, signal.SIGCONT)  # a paused broker must run to stop
         try:
             self._proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
@@ -289,6 +329,14 @@ class ProcessBroker:
 
     def kill(self) -> None:
         self._signal(signal.SIGKILL, 30)
+
+    def pause(self) -> None:
+        assert self._proc is not None and self._proc.poll() is None, "the broker is not running"
+        os.killpg(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None and self._proc.poll() is None, "the broker is not running"
+        os.killpg(self._proc.pid, signal.SIGCONT)
 
     def restart(self, hard: bool = False) -> None:
         self.kill() if hard else self.stop()
@@ -304,15 +352,19 @@ class ProcessBroker:
 
 
 def broker_from_env(extra_env: dict[str, str] | None = None,
-                    sasl_users: dict[str, str] | None = None) -> Broker:
-    """The broker this environment asks for (not started yet)."""
+                    sasl_users: dict[str, str] | None = None, *, own: bool = False,
+                    listeners: Mapping[str, str] | None = None) -> Broker:
+    """The broker this environment asks for (not started yet).
+
+    ``own``: a broker of the caller's own even when ``KWORKERS_BOOTSTRAP`` names an external
+    one (a test that kills or pauses the broker must never do that to somebody else's)."""
     bootstrap = os.environ.get("KWORKERS_BOOTSTRAP")
-    if bootstrap:
+    if bootstrap and not own:
         return ExternalBroker(bootstrap)
     if os.environ.get("KWORKERS_BROKER", "container") == "process":
-        return ProcessBroker(extra_env=extra_env, sasl_users=sasl_users)
+        return ProcessBroker(extra_env=extra_env, sasl_users=sasl_users, listeners=listeners)
     return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE") or default_image(), extra_env,
-                           sasl_users)
+                           sasl_users, listeners)
 
 
 LOCAL_KAFKA_IMAGE = f"kworkers/kafka:{KAFKA_VERSION}-local"

@@ -1,15 +1,29 @@
 """pytest fixtures: ``kafka_broker`` (one per session) and ``fault_broker`` (one per test).
 
 Load with ``pytest_plugins = ["kworkers.testing.pytest_plugin"]``.
+
+No silent skips under CI: when ``KWORKERS_CI`` is set (or ``CI``, as CI services set it; a
+``KWORKERS_CI=0`` turns this off), a test that skips is reported as a failure, with its reason.
+A missing PostgreSQL/Redis URL or a broker that cannot be killed is a broken CI set-up, and a
+green run must not hide it. Expected failures (``xfail``) are not skips and stay as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 
 from kworkers.testing.broker import Broker, broker_from_env
+
+
+def in_ci() -> bool:
+    flag = os.environ.get("KWORKERS_CI")
+    if flag is not None:
+        return flag.lower() not in ("", "0", "false", "no")
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +39,25 @@ def kafka_broker() -> Iterator[Broker]:
 
 @pytest.fixture
 def fault_broker() -> Iterator[Broker]:
-    """A broker of the test's own, which it may stop, SIGKILL and restart."""
-    broker = broker_from_env()
-    if not broker.supports_faults:
-        pytest.skip("KWORKERS_BOOTSTRAP names an external broker; faults need a fixture broker")
+    """A broker of the test's own, which it may stop, SIGKILL, pause and restart.
+
+    With ``KWORKERS_BOOTSTRAP`` naming an external broker, the test still gets a broker of its
+    own (a container, or Kafka's jars as a process): faults are never injected into a broker
+    somebody else runs."""
+    broker = broker_from_env(own=True)
     broker.start()
     try:
         yield broker
     finally:
         broker.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[
+        None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and in_ci():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, which must run every test: {reason}"
