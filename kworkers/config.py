@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import ConfigError
 from kworkers.retry_tiers.policy import RetryPolicy
@@ -28,6 +29,10 @@ _OWNED_CONSUMER_KEYS = frozenset({
 _CLASSIC_ONLY_KEYS = frozenset({
     "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms",
 })
+
+
+#: a hung handler call is never judged sooner than this
+MIN_STALL_BOUND_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,15 @@ class WorkerConfig:
     revoke_timeout: float = 10.0
     #: how long SIGTERM waits for in-flight work before committing and leaving
     drain_timeout: float = 30.0
-    #: records a retry-tier consumer holds in its timer heap before pausing
+    #: records a retry-tier consumer holds in its timer heap before pausing (the heap may
+    #: overshoot this by one fetched batch, ``consume_batch``)
     delay_buffer: int = 10_000
     consume_batch: int = 500
+    #: failed attempts handed off and not yet acknowledged by the broker, per loop; more and
+    #: the lanes wait (every one of them holds its offset's commit until acknowledged)
+    handoff_limit: int = 10_000
+    #: a circuit breaker that stops starting records while a dependency is down (None: off)
+    breaker: BreakerPolicy | None = None
     consumer_config: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     producer_config: Mapping[str, str | int | float | bool] = field(default_factory=dict)
 
@@ -77,7 +88,7 @@ class WorkerConfig:
             raise ConfigError(
                 f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")
         for name in ("concurrency", "max_in_flight", "max_in_flight_per_partition",
-                     "delay_buffer", "consume_batch"):
+                     "delay_buffer", "consume_batch", "handoff_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}: must be a whole number >= 1, got {value!r}")
@@ -86,6 +97,8 @@ class WorkerConfig:
         for name in ("revoke_timeout", "drain_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0 s")
+        if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
+            raise ConfigError(f"breaker: a BreakerPolicy or None, got {self.breaker!r}")
         owned = _OWNED_CONSUMER_KEYS & set(self.consumer_config)
         if owned:
             raise ConfigError(f"consumer_config: {sorted(owned)} are set by kworkers itself")
@@ -110,6 +123,14 @@ class WorkerConfig:
         if self.message_timeout is None:
             return self.drain_timeout
         return min(self.drain_timeout, self.message_timeout)
+
+    def stall_bound(self) -> float | None:
+        """A handler call running this long is hung (its lane moved on at the deadline, but it
+        holds a thread for good): the worker turns unhealthy and exits so a restart frees it.
+        Three deadlines, at least a minute; no deadline, no bound."""
+        if self.message_timeout is None:
+            return None
+        return max(3 * self.message_timeout, MIN_STALL_BOUND_S)
 
     def leave_bound(self) -> float:
         """The longest a graceful stop takes: started work, then the last commit (which polls

@@ -8,6 +8,7 @@ goes (retry tier or DLQ). Everything a user may catch derives from ``KworkersErr
     ├── HandOffError           a retry/DLQ produce was not acknowledged; the source is not committed
     ├── FencedError            a result, heartbeat or completion for a partition no longer owned
     ├── DecodeError            a record that cannot be decoded (non-retryable by nature)
+    ├── WorkerFailed           a worker stopped because a part of it failed (see ``fault``)
     └── ActivityFailure        raised by handlers to type a failure
         ├── RetryableError     retry with backoff (the default for any other exception)
         └── NonRetryableError  goes to the DLQ after this attempt
@@ -35,6 +36,11 @@ class HandOffError(KworkersError):
 
 class FencedError(KworkersError):
     """Work for a partition this worker no longer owns (or owns under a newer assignment)."""
+
+
+class WorkerFailed(KworkersError):
+    """A thread or a lane of the worker failed: it stopped (committing only finished work) so
+    that a restart moves its partitions to a member that works."""
 
 
 class ActivityFailure(KworkersError):

@@ -42,6 +42,9 @@ MetricName = Literal[
     "kworkers_fenced_results_total",
     "kworkers_redriven_total",
     "kworkers_worker_ready",
+    "kworkers_worker_healthy",
+    "kworkers_breaker_state",
+    "kworkers_breaker_transitions_total",
 ]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -101,6 +104,15 @@ class Metrics:
         self.worker_ready = Gauge(
             "kworkers_worker_ready", "1 once the worker's loops have polled (readiness)", [],
             registry=r, multiprocess_mode="livesum")
+        self.worker_healthy = Gauge(
+            "kworkers_worker_healthy", "0 once a part of the worker failed (it then stops; "
+            "see /healthz for why)", [], registry=r, multiprocess_mode="livemin")
+        self.breaker_state = Gauge(
+            "kworkers_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
+            ["group"], registry=r, multiprocess_mode="livemax")
+        self.breaker_transitions = Counter(
+            "kworkers_breaker_transitions", "Circuit breaker state changes, by new state",
+            ["group", "to"], registry=r)
         self.redriven = Counter(
             "kworkers_redriven", "Dead letters replayed to their topic", ["dlq_topic"],
             registry=r)

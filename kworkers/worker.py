@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from queue import SimpleQueue
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -22,20 +23,22 @@ from kworkers.activity import ActivityInvoker
 from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
 from kworkers.clock import Clock, SystemClock
 from kworkers.config import WorkerConfig
+from kworkers.consumer.breaker import Breaker, State
 from kworkers.consumer.kafka import KafkaConsumerAdapter, consumer_settings, producer_settings
-from kworkers.consumer.ports import ConsumerPort, Handler, Invoker
+from kworkers.consumer.ports import Completion, ConsumerPort, Handler, Invoker
 from kworkers.consumer.processor import Processor
 from kworkers.consumer.runner import Runner, Runtime
 from kworkers.consumer.runtime import AsyncRuntime, ThreadRuntime
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.envelope.envelope import EnvelopeCodec
-from kworkers.errors import ConfigError
+from kworkers.errors import ConfigError, WorkerFailed, failure_type, is_non_retryable
 from kworkers.idempotency.store import IdempotencyStore
 from kworkers.metrics import Metrics
-from kworkers.retry_tiers.handoff import HandOffStep
+from kworkers.retry_tiers.handoff import HandOffStep, SendErrorKind, all_transient
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
-from kworkers.retry_tiers.producer import KafkaSender
+from kworkers.retry_tiers.producer import KafkaSender, classify_send_error
 from kworkers.retry_tiers.router import FailureRouter, Sender
+from kworkers.supervision import Fault, Supervisor
 
 log = logging.getLogger("kworkers.worker")
 H = TypeVar("H", bound=Callable[..., Any])
@@ -93,6 +96,9 @@ class Worker:
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._started = threading.Event()
+        #: why the worker is unhealthy, if it is (``/healthz``; ``run`` then raises)
+        self.supervisor = Supervisor()
+        self.supervisor.on_fault = self._on_fault
 
     # ------------------------------------------------------------------ API
 
@@ -121,6 +127,11 @@ class Worker:
     def loops(self) -> list[Processor]:
         """The main loop's processor, then the retry loop's (empty before ``run``)."""
         return list(self._loops)
+
+    @property
+    def fault(self) -> Fault | None:
+        """None while healthy; else which part failed and why (the worker is stopping)."""
+        return self.supervisor.fault
 
     @property
     def ready(self) -> bool:
@@ -166,57 +177,114 @@ class Worker:
                 "with `kworkers topics create` or Worker.create_topics()")
 
     def run(self, install_signals: bool = True) -> None:
-        """Blocks until SIGTERM/SIGINT or ``stop()``; returns after a clean leave."""
+        """Blocks until SIGTERM/SIGINT or ``stop()``; returns after a clean leave.
+
+        Raises ``WorkerFailed`` when a part of the worker failed (a thread died, a runner
+        crashed or hung, dead letters cannot be written): it stopped, committing finished work
+        only, so that a restart moves its partitions to a member that works.
+        """
         if self._handler is None:
             raise ConfigError("no handler registered: decorate a function with @worker.handler")
         if self._consumer is None:  # an injected consumer brings its own topics
             self.check_topics()
         cfg = self.config
         handler = self._handler
-        runtime: Runtime = (AsyncRuntime(cfg.concurrency) if _is_async(handler)
-                            else ThreadRuntime(cfg.concurrency))
-        sender = self._sender or KafkaSender(producer_settings(
-            cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
-        main = self._processor(cfg.group_id, cfg.topics, handler, sender, runtime, tiers=False)
-        tier = self._processor(cfg.retry_group_id, cfg.tier_topics(), handler, sender, runtime,
-                               tiers=True)
+        sup = self.supervisor
+        runtime: Runtime = (AsyncRuntime(cfg.concurrency, sup, self.clock) if _is_async(handler)
+                            else ThreadRuntime(cfg.concurrency, sup, self.clock))
+        classify: Callable[[BaseException], SendErrorKind] = all_transient
+        sender = self._sender
+        if sender is None:
+            sender = KafkaSender(producer_settings(
+                cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
+            classify = classify_send_error
+        breaker = self._breaker()
+        main = self._processor(cfg.group_id, cfg.topics, handler, sender, classify, runtime,
+                               breaker, tiers=False)
+        tier = self._processor(cfg.retry_group_id, cfg.tier_topics(), handler, sender, classify,
+                               runtime, breaker, tiers=True)
         self._loops = [main, tier]
         if self._stopping.is_set():
             for loop in self._loops:
                 loop.stop()
         restore = self._install_signals() if install_signals else None
-        tier_thread = threading.Thread(target=tier.run, name="kworkers-retry-loop", daemon=True)
+        tier_thread = threading.Thread(target=self._run_tier, args=(tier,),
+                                       name="kworkers-retry-loop", daemon=True)
         tier_thread.start()
+        sup.watch("kworkers-retry-loop", lambda: tier_thread.is_alive() or tier.closed.is_set())
+        sup.watch("handler runtime", runtime.alive)
+        if isinstance(sender, KafkaSender):
+            sup.watch("kworkers-producer", sender.alive)
+        self.metrics.worker_healthy.set(1)
         try:
             main.run()
         finally:
             tier.stop()
-            tier_thread.join(timeout=cfg.drain_timeout + cfg.revoke_timeout + 10)
-            self._hard_stop.set()  # hand-offs still blocked give up: their records redeliver
+            tier_thread.join(timeout=cfg.leave_bound() + 10)
+            self._hard_stop.set()  # hand-offs still retrying give up: their records redeliver
             if self._sender is None and isinstance(sender, KafkaSender):
                 sender.close()
             runtime.shutdown()
             if restore is not None:
                 restore()
             log.info("worker %s stopped", cfg.group_id)
+        if sup.fault is not None:
+            raise WorkerFailed(f"worker {cfg.group_id} stopped: {sup.fault}")
+
+    def _run_tier(self, tier: Processor) -> None:
+        try:
+            tier.run()
+        except BaseException as exc:
+            log.error("the retry loop crashed", exc_info=exc)
+            self.supervisor.fail("kworkers-retry-loop", f"{type(exc).__name__}: {exc}")
+
+    def _on_fault(self, fault: Fault) -> None:
+        self.metrics.worker_healthy.set(0)
+        self.stop()
 
     # ------------------------------------------------------------------ internals
 
+    def _breaker(self) -> Breaker | None:
+        policy = self.config.breaker
+        if policy is None:
+            return None
+        group = self.config.group_id
+        state = self.metrics.breaker_state.labels(group)
+        level = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}
+
+        def moved(old: State, new: State, why: str) -> None:
+            state.set(level[new])
+            self.metrics.breaker_transitions.labels(group, new.value).inc()
+            log.warning("%s: circuit breaker %s -> %s (%s)", group, old.value, new.value, why)
+
+        state.set(0)
+        return Breaker(policy, self.clock, moved)
+
+    def _retryable(self, exc: BaseException) -> bool:
+        """Whether a failure says something about the dependency (the breaker counts it)."""
+        return not (is_non_retryable(exc)
+                    or failure_type(exc) in self.config.retry.normalized().non_retryable)
+
     def _processor(self, group: str, topics: tuple[str, ...], handler: Handler, sender: Sender,
-                   runtime: Runtime, tiers: bool) -> Processor:
+                   classify: Callable[[BaseException], SendErrorKind], runtime: Runtime,
+                   breaker: Breaker | None, tiers: bool) -> Processor:
         cfg = self.config
         consumer = (self._consumer(group) if self._consumer is not None else
                     KafkaConsumerAdapter(consumer_settings(
                         cfg.bootstrap_servers, group, cfg.group_protocol, cfg.consumer_config)))
         router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
-        hand_off = HandOffStep(router, sender, self.metrics, consumer.group, self._hard_stop)
-        runner = Runner(handler, self._invoke, hand_off, runtime, self.clock, cfg.message_timeout)
+        done: SimpleQueue[Completion] = SimpleQueue()
+        hand_offs = HandOffStep(router, sender, self.metrics, consumer.group, done, self.clock,
+                                self._hard_stop, self.supervisor, classify, cfg.handoff_limit)
+        runner = Runner(handler, self._invoke, hand_offs, runtime, self.clock,
+                        cfg.message_timeout, done, breaker, self._retryable)
         gate = None
         if tiers:
             max_ahead = max(cfg.tiers.delays) * 2 + cfg.retry.normalized().max_interval
-            gate = TierGate(cfg.delay_buffer, max_ahead,
+            gate = TierGate(cfg.delay_buffer, cfg.consume_batch, max_ahead,
                             self.metrics.retry_lateness.labels(consumer.group), self.clock)
-        return Processor(cfg, consumer, topics, runner, self.metrics, self.clock, gate)
+        return Processor(cfg, consumer, topics, runner, self.metrics, self.clock,
+                         self.supervisor, gate)
 
     def _install_signals(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():

@@ -1,8 +1,8 @@
 """Which partitions to pause and resume: one pure decision over explicit inputs.
 
 Why pure and in one place: every reason to stop fetching (too much in flight overall or on one
-partition, a full timer heap, a drain) is an input here, so a new reason — a circuit breaker,
-say — is one more input rather than another branch in the poll loop, and the whole policy is
+partition, a full timer heap, a drain, an open circuit breaker) is an input here, so a new
+reason is one more input rather than another branch in the poll loop, and the whole policy is
 tested without a consumer. Pausing keeps records in Kafka instead of in memory; hysteresis
 (resume only at half the limit) keeps a partition from flapping between the two.
 """
@@ -26,6 +26,8 @@ class Limits:
 
 class PartitionLoad(NamedTuple):
     tp: TP
+    #: records held for the partition: from its lowest incomplete offset on, completed or not
+    #: (one record whose hand-off is stuck keeps everything behind it uncommittable)
     in_flight: int
     paused: bool
 
@@ -39,6 +41,8 @@ class Load:
     buffer_full: bool = False
     #: a graceful stop is under way: fetch nothing more
     draining: bool = False
+    #: the circuit breaker is not closed: keep the backlog in Kafka
+    breaker_open: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +63,8 @@ def decide(limits: Limits, load: Load) -> Decision:
             buffer_full = True
         elif load.buffered <= cap // 2:
             buffer_full = False
-    stop_all = load.draining or buffer_full or total >= limits.max_in_flight
+    stop_all = (load.draining or load.breaker_open or buffer_full
+                or total >= limits.max_in_flight)
     room = total <= limits.max_in_flight // 2
     pause: list[TP] = []
     resume: list[TP] = []

@@ -85,6 +85,19 @@ class Dispatcher:
             if lane.running:
                 lane.queue.extend(items)
                 return
+            if lane.queue:  # records a runner held back (breaker open) go first
+                items, lane.queue = lane.queue + items, []
+            if not items:
+                return
             lane.running = True
             inc = lane.incarnation
         self.runner.start(lane, items, inc)
+
+    def kick(self) -> None:
+        """Restarts lanes that hold records but no runner (held while the breaker was open)."""
+        for ps in list(self.parts.values()):
+            if ps.halted:
+                continue
+            for lane in ps.all_lanes():
+                if lane.queue and not lane.running:
+                    self.enqueue(lane, [])

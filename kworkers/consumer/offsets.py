@@ -82,6 +82,12 @@ class OffsetTracker:
         return len(self._pending) - len(self._done)
 
     @property
+    def window(self) -> int:
+        """Offsets held from the lowest incomplete one on, completed or not: what one stuck
+        record keeps in memory behind it, and what backpressure bounds."""
+        return len(self._pending)
+
+    @property
     def position(self) -> int | None:
         """Lowest offset not yet done (the value to commit), or None before any completion."""
         return self._position

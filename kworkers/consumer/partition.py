@@ -62,8 +62,8 @@ class Lane:
 
 
 class PartitionState:
-    __slots__ = ("clock", "halted", "lane", "lanes", "partition", "paused", "revoking", "topic",
-                 "tp", "tracker")
+    __slots__ = ("clock", "halted", "handoffs", "lane", "lanes", "partition", "paused",
+                 "revoking", "topic", "tp", "tracker")
 
     def __init__(self, topic: str, partition: int, clock: Clock = _SYSTEM_CLOCK) -> None:
         #: the worker's clock: deadlines of this partition's lanes are measured on it
@@ -80,6 +80,8 @@ class PartitionState:
         self.revoking = False
         #: set on a revoke and on a graceful stop: runners start no further record
         self.halted = False
+        #: hand-offs sent and not yet acknowledged (kept by the hand-off step, under its lock)
+        self.handoffs = 0
 
     def lane_for(self, key: bytes | None) -> Lane:
         lane = self.lanes.get(key)
@@ -91,7 +93,7 @@ class PartitionState:
         return [self.lane, *self.lanes.values()]
 
     def busy(self) -> bool:
-        return any(lane.running for lane in self.all_lanes())
+        return self.handoffs > 0 or any(lane.running for lane in self.all_lanes())
 
     def stop_dispatch(self) -> None:
         """Revoked or lost: ``halt``, and fence whatever is still running."""
@@ -107,8 +109,8 @@ class PartitionState:
                 lane.queue = []
 
     def running(self) -> int:
-        """Lanes whose runner is still busy (a handler call or a hand-off under way)."""
-        return sum(1 for lane in self.all_lanes() if lane.running)
+        """Work under way: lanes whose runner is busy, and unacknowledged hand-offs."""
+        return self.handoffs + sum(1 for lane in self.all_lanes() if lane.running)
 
     def prune_idle_lanes(self) -> None:
         for key, lane in list(self.lanes.items()):

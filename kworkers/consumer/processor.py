@@ -22,6 +22,7 @@ from queue import Empty
 from kworkers.clock import Clock
 from kworkers.config import WorkerConfig
 from kworkers.consumer import backpressure
+from kworkers.consumer.breaker import State
 from kworkers.consumer.commit import CommitOutcome
 from kworkers.consumer.committer import Committer
 from kworkers.consumer.deadline import DeadlineWatch
@@ -31,6 +32,7 @@ from kworkers.consumer.ports import TP, ConsumerPort
 from kworkers.consumer.runner import Runner
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.metrics import Metrics
+from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.consumer")
 
@@ -41,9 +43,12 @@ LAG_INTERVAL_S = 5.0
 
 class Processor:
     def __init__(self, config: WorkerConfig, consumer: ConsumerPort, topics: Iterable[str],
-                 runner: Runner, metrics: Metrics, clock: Clock,
+                 runner: Runner, metrics: Metrics, clock: Clock, supervisor: Supervisor,
                  gate: TierGate | None = None) -> None:
         self.config = config
+        self.supervisor = supervisor
+        #: a handler call running this long counts as a hung runner (None: no bound)
+        self.stall_bound = config.stall_bound()
         self.consumer = consumer
         self.topics = list(topics)
         self.runner = runner
@@ -69,6 +74,7 @@ class Processor:
         self._last_commit = clock.monotonic()
         self._last_lag = float("-inf")
         self._buffer_full = False
+        self._breaker_was_open = False
         self._draining = False
         self._stop = threading.Event()
         self.ready = threading.Event()
@@ -105,11 +111,14 @@ class Processor:
         self.ready.set()
         if msgs:
             self.dispatcher.dispatch(msgs)
+        self.runner.hand_offs.tick()
         self._apply_completions()
         if gate is not None:
             self.dispatcher.release(gate.release_due(self.parts))
         if self.watch is not None:
             self.watch.check(self.parts.values())
+        self._breaker()
+        self._supervise()
         self._backpressure()
         now = self.clock.monotonic()
         if now - self._last_lag >= LAG_INTERVAL_S:
@@ -136,6 +145,7 @@ class Processor:
         deadline = clock.monotonic() + self.config.started_work_bound()
         while any(ps.running() for ps in self.parts.values()) and clock.monotonic() < deadline:
             self.consumer.poll_batch(self.config.consume_batch, 0.0)  # heartbeats, rebalances
+            self.runner.hand_offs.tick()
             self._apply_completions(block=0.02)
         self._apply_completions()
         left = sum(ps.running() for ps in self.parts.values())
@@ -188,13 +198,33 @@ class Processor:
 
     # ------------------------------------------------------------------ flow control
 
+    def _breaker(self) -> None:
+        """Restarts lanes held back by an open breaker once it admits again (half-open: one
+        probe; closed: all)."""
+        b = self.runner.breaker
+        if b is None:
+            return
+        is_open = b.state is not State.CLOSED
+        if (is_open or self._breaker_was_open) and b.would_admit():
+            self.dispatcher.kick()
+        self._breaker_was_open = is_open
+
+    def _supervise(self) -> None:
+        sup = self.supervisor
+        sup.check()
+        if self.stall_bound is not None:
+            stuck = self.runner.runtime.stalled(self.stall_bound)
+            if stuck is not None:
+                sup.fail("handler", f"{stuck} (bound {self.stall_bound:.0f}s)")
+
     def _backpressure(self) -> None:
         parts = list(self.parts.values())
         decision = backpressure.decide(self.limits, backpressure.Load(
-            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.in_flight, ps.paused)
+            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused)
                    for ps in parts],
             buffered=len(self.gate) if self.gate is not None else 0,
-            buffer_full=self._buffer_full, draining=self._draining))
+            buffer_full=self._buffer_full, draining=self._draining,
+            breaker_open=self._breaker_was_open))
         self._buffer_full = decision.buffer_full
         if decision.pause:
             for tp in decision.pause:

@@ -20,8 +20,9 @@ from queue import SimpleQueue
 from typing import Any, Protocol
 
 from kworkers.clock import Clock
+from kworkers.consumer.breaker import Breaker
 from kworkers.consumer.partition import Item, Lane, PartitionState, Poisoned
-from kworkers.consumer.ports import Completion, Handler, Invoker, Outcome
+from kworkers.consumer.ports import Completion, Handler, Invoker
 from kworkers.message import Message
 
 #: a runner reports completions at least this often within a long batch
@@ -45,9 +46,20 @@ class HandOffRequest:
 
 #: what ``Runner.steps`` yields: a record to run, or a failure to hand off
 Request = Message | HandOffRequest
-#: sent back: the handler's exception (or None) for a record, ``Outcome | None`` for a hand-off
+#: sent back: the handler's exception (or None) for a record; for a hand-off, True when the
+#: hand-off step took it (it completes the offset on acknowledgement), False when abandoned
 Steps = Generator[Request, Any, None]
-HandOff = Callable[[Message, BaseException, Callable[[], bool]], Outcome | None]
+
+
+class HandOffs(Protocol):
+    """The hand-off step as runners see it (``kworkers.retry_tiers.handoff.HandOffStep``)."""
+
+    def has_room(self) -> bool: ...
+    def wait_room(self, ps: PartitionState) -> bool: ...
+    def submit(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool: ...
+    def tick(self) -> None:
+        """Called by the poll loop every step (retries due, summaries)."""
+        ...
 
 
 class Runtime(Protocol):
@@ -58,17 +70,24 @@ class Runtime(Protocol):
     def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
             timed_out: Message | None) -> None: ...
 
+    def alive(self) -> bool: ...
+
+    def stalled(self, bound: float) -> str | None:
+        """A handler call (or the event loop) busy for longer than ``bound`` s, described."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
 class Progress:
-    """A runner's unreported completions.
+    """A runner's handled offsets not yet reported (hand-offs report their own on
+    acknowledgement).
 
     ``lane.done`` always names the current list, so a revoke can collect it from a runner that
     is stuck on a later record.
     """
 
-    __slots__ = ("dead", "done", "lane", "now", "q", "retried", "t0")
+    __slots__ = ("done", "lane", "now", "q", "t0")
 
     def __init__(self, q: SimpleQueue[Completion], lane: Lane, clock: Clock) -> None:
         self.q = q
@@ -79,25 +98,20 @@ class Progress:
     def _reset(self) -> None:
         self.done: list[int] = []
         self.lane.done = self.done
-        self.retried = 0
-        self.dead = 0
         self.t0 = self.now()
 
-    def record(self, offset: int, outcome: Outcome) -> None:
+    def record(self, offset: int) -> None:
         self.done.append(offset)
-        if outcome == "retry":
-            self.retried += 1
-        elif outcome == "dlq":
-            self.dead += 1
         if self.now() - self.t0 > PARTIAL_POST_S:
             self.post()
 
     def post(self) -> None:
-        self.q.put((self.lane.part, self.done, self.retried, self.dead, self.now() - self.t0))
+        if self.done:
+            self.q.put((self.lane.part, self.done, 0, 0, self.now() - self.t0))
         self._reset()
 
     def finish(self, inc: int) -> None:
-        """The runner stops early (revoke, abandoned hand-off): report, drop the lane's queue."""
+        """The runner stops early (revoke, stop, abandoned hand-off): report, drop the queue."""
         self.post()
         lane = self.lane
         with lane.lock:
@@ -105,29 +119,45 @@ class Progress:
                 lane.queue = []
                 lane.running = False
 
+    def hold(self, inc: int, rest: list[Item]) -> None:
+        """The breaker is open: report, and put the records not started back at the head of
+        the lane (in order); the poll loop restarts the lane when the breaker admits again."""
+        self.post()
+        lane = self.lane
+        with lane.lock:
+            if lane.incarnation == inc:
+                lane.queue = rest + lane.queue
+                lane.running = False
+
 
 class Runner:
     """Runs one processor's lanes on a shared runtime and reports to its completion queue."""
 
-    def __init__(self, handler: Handler, invoke: Invoker, hand_off: HandOff, runtime: Runtime,
-                 clock: Clock, message_timeout: float | None) -> None:
+    def __init__(self, handler: Handler, invoke: Invoker, hand_offs: HandOffs, runtime: Runtime,
+                 clock: Clock, message_timeout: float | None, done: SimpleQueue[Completion],
+                 breaker: Breaker | None = None,
+                 retryable: Callable[[BaseException], bool] = lambda _e: True) -> None:
         self.handler = handler
         self.invoke = invoke
-        self._hand_off = hand_off
+        self.hand_offs = hand_offs
         self.runtime = runtime
         self.clock = clock
         self.timeout = message_timeout
         #: sync handlers are watched by the poll thread's deadline watchdog (async ones are
         #: bounded by ``asyncio.wait_for`` in their runtime)
         self.watched = message_timeout is not None and not runtime.is_async
-        self.done: SimpleQueue[Completion] = SimpleQueue()
+        #: where runners and the hand-off step report completions to the poll thread
+        self.done = done
+        self.breaker = breaker
+        #: whether a failure counts against the dependency (the breaker ignores bad input)
+        self.retryable = retryable
 
     def start(self, lane: Lane, items: list[Item], inc: int,
               timed_out: Message | None = None) -> None:
         self.runtime.run(self, lane, items, inc, timed_out)
 
-    def hand_off(self, ps: PartitionState, msg: Message, exc: BaseException) -> Outcome | None:
-        return self._hand_off(msg, exc, lambda: ps.revoking)
+    def hand_off(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
+        return self.hand_offs.submit(ps, msg, exc)
 
     def steps(self, lane: Lane, batch: list[Item], inc: int, timed_out: Message | None) -> Steps:
         """A runner's whole pass over ``lane``, starting with ``batch`` (see the module doc).
@@ -138,24 +168,28 @@ class Runner:
         """
         ps = lane.part
         watched = self.watched
+        breaker = self.breaker
         now = self.clock.monotonic
         prog = Progress(self.done, lane, self.clock)
         if timed_out is not None:
-            first = yield HandOffRequest(timed_out, TimeoutError(
+            taken = yield HandOffRequest(timed_out, TimeoutError(
                 f"handler exceeded its {self.timeout}s deadline"))
-            if first is None:
+            if not taken:
                 prog.finish(inc)
                 return
-            prog.record(timed_out.offset, first)
         while True:
             stopped = False
             for i, item in enumerate(batch):
                 if ps.halted:
                     stopped = True
                     break
+                err: BaseException | None
                 if isinstance(item, Poisoned):
                     msg, err = item.msg, item.exc
                 else:
+                    if breaker is not None and not breaker.admit():
+                        prog.hold(inc, batch[i:])
+                        return
                     msg = item
                     if watched:
                         with lane.lock:
@@ -164,16 +198,16 @@ class Runner:
                             lane.current, lane.started, lane.batch, lane.pos = (
                                 msg, now(), batch, i)
                     err = yield msg
+                    if breaker is not None:
+                        breaker.record(
+                            True if err is None else False if self.retryable(err) else None)
                 if watched and lane.incarnation != inc:
                     break  # the deadline already routed this record: a late result, fenced
-                outcome: Outcome = "ok"
-                if err is not None:
-                    handed = yield HandOffRequest(msg, err)
-                    if handed is None:
-                        stopped = True
-                        break
-                    outcome = handed
-                prog.record(msg.offset, outcome)
+                if err is None:
+                    prog.record(msg.offset)
+                elif not (yield HandOffRequest(msg, err)):
+                    stopped = True
+                    break
             if watched and lane.incarnation != inc:
                 prog.post()
                 return

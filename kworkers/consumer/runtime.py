@@ -5,6 +5,11 @@ skeleton yields and performs the hand-offs it asks for, with plain calls or with
 
 Daemon threads on purpose: a handler stuck past its deadline must not keep the process from
 exiting after a drain; ``concurrent.futures`` joins its threads at exit.
+
+Supervised: a runner that raises (a bug, or a handler raising a ``BaseException`` such as
+``SystemExit``) leaves its lane marked running and its partition stalled, so it is reported to
+the ``Supervisor`` (the worker turns unhealthy and stops), never swallowed. ``stalled`` tells
+the poll loop about a handler call running past a bound, or an event loop blocked by one.
 """
 
 from __future__ import annotations
@@ -16,11 +21,23 @@ from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any
 
+from kworkers.clock import Clock
 from kworkers.consumer.partition import Item, Lane
 from kworkers.consumer.runner import HandOffRequest, Runner, current_lane
 from kworkers.message import Message
+from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.runtime")
+
+
+class _Call:
+    """What one pool thread runs now (read by ``stalled``; written by its own thread only)."""
+
+    __slots__ = ("msg", "started")
+
+    def __init__(self) -> None:
+        self.msg: Message | None = None
+        self.started = 0.0
 
 
 class ThreadRuntime:
@@ -28,32 +45,48 @@ class ThreadRuntime:
 
     is_async = False
 
-    def __init__(self, size: int, name: str = "kworkers-handler") -> None:
+    def __init__(self, size: int, supervisor: Supervisor, clock: Clock,
+                 name: str = "kworkers-handler") -> None:
+        self.supervisor = supervisor
+        self.clock = clock
         self._q: SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = SimpleQueue()
+        self._calls = [_Call() for _ in range(size)]
         self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
+            threading.Thread(target=self._work, args=(call,), name=f"{name}-{i}", daemon=True)
+            for i, call in enumerate(self._calls)
         ]
         for t in self._threads:
             t.start()
 
     def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
             timed_out: Message | None) -> None:
-        self.submit(_drive_sync, runner, lane, items, inc, timed_out)
+        self._q.put((_drive_sync, (runner, lane, items, inc, timed_out)))
 
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        self._q.put((fn, args))
-
-    def _work(self) -> None:
+    def _work(self, call: _Call) -> None:
         while True:
             job = self._q.get()
             if job is None:
                 return
             fn, args = job
             try:
-                fn(*args)
-            except BaseException:  # a runner bug must not kill the pool thread
-                log.exception("handler runner crashed")
+                fn(*args, call)
+            except BaseException as exc:
+                self.supervisor.fail(threading.current_thread().name,
+                                     f"a runner raised {type(exc).__name__}: {exc}")
+                log.error("handler runner crashed", exc_info=exc)
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
+
+    def stalled(self, bound: float) -> str | None:
+        """A handler call running for longer than ``bound`` seconds, described; else None."""
+        now = self.clock.monotonic()
+        for t, call in zip(self._threads, self._calls, strict=True):
+            msg = call.msg
+            if msg is not None and now - call.started > bound:
+                return (f"{t.name} has been running {msg.topic}/{msg.partition}@{msg.offset} "
+                        f"for {now - call.started:.0f}s")
+        return None
 
     def shutdown(self) -> None:
         for _ in self._threads:
@@ -61,25 +94,43 @@ class ThreadRuntime:
 
 
 def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
-                timed_out: Message | None) -> None:
+                timed_out: Message | None, call: _Call) -> None:
     current_lane.set(lane)
     steps = runner.steps(lane, items, inc, timed_out)
     send = steps.send
     handler, invoke, hand_off, ps = runner.handler, runner.invoke, runner.hand_off, lane.part
+    now = runner.clock.monotonic
     try:
         req = next(steps)
         while True:
             if isinstance(req, HandOffRequest):
                 req = send(hand_off(ps, req.msg, req.exc))
                 continue
+            call.started = now()
+            call.msg = req
             try:
                 invoke(handler, req)
             except Exception as exc:
+                call.msg = None
                 req = send(exc)
             else:
+                call.msg = None
                 req = send(None)
     except StopIteration:
         pass
+    except BaseException:
+        _abandon(lane, call)
+        raise
+
+
+def _abandon(lane: Lane, call: _Call | None = None) -> None:
+    """A runner crashed: its lane is idle again (its unfinished records are never completed,
+    so never committed; the worker is stopping because of it)."""
+    if call is not None:
+        call.msg = None
+    with lane.lock:
+        lane.running = False
+        lane.current = None
 
 
 class AsyncRuntime:
@@ -87,7 +138,10 @@ class AsyncRuntime:
 
     is_async = True
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, supervisor: Supervisor, clock: Clock) -> None:
+        self.supervisor = supervisor
+        self.clock = clock
+        self._pinged = self._answered = clock.monotonic()
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kworkers-asyncio", daemon=True)
@@ -111,7 +165,31 @@ class AsyncRuntime:
 
     def submit(self, coro: Coroutine[Any, Any, None]) -> None:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        fut.add_done_callback(_log_crash)
+        fut.add_done_callback(self._crashed)
+
+    def _crashed(self, fut: Any) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            exc = fut.exception()
+            self.supervisor.fail("kworkers-asyncio",
+                                 f"a runner raised {type(exc).__name__}: {exc}")
+            log.error("async runner crashed", exc_info=exc)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stalled(self, bound: float) -> str | None:
+        """The event loop blocked (a handler that never awaits) for longer than ``bound``."""
+        now = self.clock.monotonic()
+        if self._answered >= self._pinged:  # the last ping was answered: send another
+            self._pinged = now
+            self.loop.call_soon_threadsafe(self._answer)
+            return None
+        if now - self._pinged > bound:
+            return f"the asyncio loop has not run for {now - self._pinged:.0f}s"
+        return None
+
+    def _answer(self) -> None:
+        self._answered = self.clock.monotonic()
 
     async def _drive(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
                      timed_out: Message | None) -> None:
@@ -124,9 +202,10 @@ class AsyncRuntime:
             req = next(steps)
             while True:
                 if isinstance(req, HandOffRequest):
-                    # The hand-off waits for the broker: never on the event loop.
-                    req = steps.send(await asyncio.to_thread(
-                        runner.hand_off, ps, req.msg, req.exc))
+                    # Hand-offs are pipelined; only waiting for room may block: off the loop.
+                    if not runner.hand_offs.has_room():
+                        await asyncio.to_thread(runner.hand_offs.wait_room, ps)
+                    req = steps.send(runner.hand_off(ps, req.msg, req.exc))
                     continue
                 result: BaseException | None = None
                 try:
@@ -143,12 +222,10 @@ class AsyncRuntime:
                 req = steps.send(result)
         except StopIteration:
             pass
+        except BaseException:
+            _abandon(lane)
+            raise
 
     def shutdown(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
-
-
-def _log_crash(fut: Any) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.error("async runner crashed", exc_info=fut.exception())

@@ -4,6 +4,12 @@ Only the retry loop has a gate: it reads tier topics ahead into a bounded ``Dela
 releases each record when its ``kw-due-at`` passes, so records with different due times in one
 tier complete out of order instead of blocking behind the head. A record whose kworkers headers
 do not parse is released at once as ``Poisoned`` (dead-lettered with the reason).
+
+The heap's bound: backpressure pauses every tier partition at the end of the poll step in which
+the heap reached ``capacity``, and a paused partition returns no records, so the heap holds at
+most ``capacity`` plus one fetched batch (``overshoot``). Records beyond it stay in Kafka. The
+``DelayBuffer`` is sized to that hard bound; reaching it would mean the invariant broke, and its
+``BufferError`` then stops the retry loop loudly (the worker turns unhealthy), never silently.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ class LatenessSink(Protocol):
 
 
 class TierGate:
-    def __init__(self, capacity: int, max_ahead: float, lateness: LatenessSink,
+    def __init__(self, capacity: int, overshoot: int, max_ahead: float, lateness: LatenessSink,
                  clock: Clock) -> None:
-        self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(capacity)
+        #: where backpressure pauses the tier partitions
+        self.capacity = capacity
+        self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(
+            capacity + overshoot)
         #: a due time further ahead than this is corrupt (no tier waits that long)
         self.max_ahead = max_ahead
         self.lateness = lateness
@@ -48,8 +57,10 @@ class TierGate:
             if due is not None:
                 check_due(due, now, self.max_ahead)
         except HeaderError as exc:
-            log.warning("%s/%d@%d has corrupt kworkers headers (%s): dead-lettering it",
-                        m.topic, m.partition, m.offset, exc)
+            # DEBUG: a flood of corrupt records must not flood the log (the hand-off step
+            # summarises what it dead-letters, with the error type, per interval)
+            log.debug("%s/%d@%d has corrupt kworkers headers (%s): dead-lettering it",
+                      m.topic, m.partition, m.offset, exc)
             return Poisoned(m, exc)
         if due is not None and due > now:
             self.buffer.push(due, (ps, m))

@@ -10,6 +10,35 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kworkers.message import Headers
+from kworkers.retry_tiers.handoff import SendErrorKind
+
+#: refusals no retry can change: the record goes to its DLQ instead (see ``handoff``)
+_PERMANENT = frozenset({
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_EXCEPTION,
+    KafkaError._INVALID_ARG,
+})
+_MISSING = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+})
+
+
+def classify_send_error(exc: BaseException) -> SendErrorKind:
+    """What a refused produce means (everything else is transient: retried in place)."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        code = exc.args[0].code()
+        if code in _PERMANENT:
+            return "permanent"
+        if code in _MISSING:
+            return "missing"
+    return "transient"
 
 
 class KafkaSender:
@@ -55,6 +84,10 @@ class KafkaSender:
 
     def flush(self, timeout: float = 30.0) -> int:
         return int(self._p.flush(timeout))
+
+    def alive(self) -> bool:
+        """The thread serving delivery reports runs (without it no hand-off completes)."""
+        return self._thread.is_alive() or self._closed.is_set()
 
     def close(self, timeout: float = 30.0) -> None:
         self._p.flush(timeout)

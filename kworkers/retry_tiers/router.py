@@ -78,6 +78,23 @@ class FailureRouter:
             clean = msg._replace(headers=user_headers(msg.headers))
             return self._hand_off(clean, dead, source, now)
 
+    def dead_letter(self, msg: Message, exc: BaseException) -> HandOff:
+        """Straight to the DLQ of the topic ``msg`` was consumed from, whatever the policy says:
+        for a record that cannot be routed, or whose tier refused the hand-off for good.
+
+        The destination derives from the consumed topic's name alone (never from headers), so
+        a record with forged or corrupt headers still lands in its own pipeline's DLQ.
+        """
+        now = self.clock.now()
+        source = source_topic_of(msg.topic)
+        dead = DeadLetterDecision(msg.attempt, "non_retryable", failure_type(exc),
+                                  failure_message(exc)[:MAX_ERROR_MESSAGE])
+        try:
+            return self._hand_off(msg, dead, source, now)
+        except HeaderError:
+            clean = msg._replace(headers=user_headers(msg.headers))
+            return self._hand_off(clean, dead, source, now)
+
     def _hand_off(self, msg: Message, decision: RetryDecision | DeadLetterDecision,
                   source: str, now: float) -> HandOff:
         if isinstance(decision, RetryDecision):

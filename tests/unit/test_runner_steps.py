@@ -3,7 +3,10 @@ to do, and what it reports to the poll thread."""
 
 from __future__ import annotations
 
+from queue import SimpleQueue
+
 from kworkers.clock import FakeClock
+from kworkers.consumer.breaker import Breaker, BreakerPolicy
 from kworkers.consumer.partition import Item, PartitionState, Poisoned
 from kworkers.consumer.runner import HandOffRequest, Runner, Steps
 from kworkers.message import Message
@@ -19,16 +22,30 @@ class _NoRuntime:
         pass
 
 
-def _runner(timeout: float | None = None) -> Runner:
-    return Runner(lambda m: None, lambda h, m: h(m), lambda m, e, c: "retry", _NoRuntime(),
-                  FakeClock(), timeout)
+class _HandOffs:
+    def has_room(self) -> bool:
+        return True
+
+    def wait_room(self, ps: PartitionState) -> bool:
+        return True
+
+    def submit(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
+        return True
+
+    def tick(self) -> None:
+        pass
+
+
+def _runner(timeout: float | None = None, breaker: Breaker | None = None) -> Runner:
+    return Runner(lambda m: None, lambda h, m: h(m), _HandOffs(), _NoRuntime(), FakeClock(),
+                  timeout, SimpleQueue(), breaker)
 
 
 def _msgs(*offsets: int) -> list[Item]:
     return [Message("t", 0, o, None, b"") for o in offsets]
 
 
-def _drive(steps: Steps, fail: set[int], hand_off: str | None = "retry") -> list[str]:
+def _drive(steps: Steps, fail: set[int], hand_off: bool = True) -> list[str]:
     """Runs the skeleton: records in ``fail`` raise; returns what it was asked, in order."""
     asked: list[str] = []
     try:
@@ -51,7 +68,8 @@ def test_runs_in_order_hands_off_failures_and_reports_each_outcome() -> None:
     asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2), 0, None), fail={1})
     assert asked == ["run 0", "run 1", "hand-off 1 ValueError", "run 2"]
     reported = r.done.get_nowait()
-    assert reported[0] is ps and reported[1] == [0, 1, 2] and reported[2] == 1  # one retried
+    # offset 1 is the hand-off step's to complete, once the broker acknowledged it
+    assert reported[0] is ps and reported[1] == [0, 2]
     assert not ps.lane.running  # the lane went idle
 
 
@@ -105,7 +123,7 @@ def test_a_revoke_stops_the_runner_and_drops_the_queue() -> None:
 def test_an_abandoned_hand_off_completes_nothing_after_it() -> None:
     r = _runner()
     ps = PartitionState("t", 0)
-    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2), 0, None), fail={1}, hand_off=None)
+    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2), 0, None), fail={1}, hand_off=False)
     assert asked == ["run 0", "run 1", "hand-off 1 ValueError"]
     assert r.done.get_nowait()[1] == [0]
 
@@ -122,7 +140,7 @@ def test_a_lane_taken_by_the_deadline_fences_the_late_result() -> None:
         raise AssertionError("the stale runner should have stopped")
     except StopIteration:
         pass
-    assert r.done.get_nowait()[1] == []  # nothing completed by the stale runner
+    assert r.done.empty()  # nothing completed by the stale runner
 
 
 def test_a_fresh_runner_hands_off_the_timed_out_record_first() -> None:
@@ -132,3 +150,22 @@ def test_a_fresh_runner_hands_off_the_timed_out_record_first() -> None:
     ps.lane.incarnation = 1  # bumped by the watchdog that started this runner
     asked = _drive(r.steps(ps.lane, _msgs(1), 1, stuck), fail=set())
     assert asked == ["hand-off 0 TimeoutError", "run 1"]
+
+
+def test_an_open_breaker_holds_the_lane_in_order_and_lets_one_probe_through() -> None:
+    clock = FakeClock()
+    b = Breaker(BreakerPolicy(min_attempts=2, window_s=10, cooldown_s=5), clock)
+    r = _runner(breaker=b)
+    ps = PartitionState("t", 0)
+    ps.lane.running = True
+    ps.lane.queue = _msgs(9)  # enqueued behind the batch meanwhile
+    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2, 3), 0, None), fail={0, 1})
+    # two retryable failures of two attempts: open; offsets 2, 3 are held, not run
+    assert asked == ["run 0", "hand-off 0 ValueError", "run 1", "hand-off 1 ValueError"]
+    assert [m.offset for m in ps.lane.queue] == [2, 3, 9]  # type: ignore[union-attr]
+    assert not ps.lane.running
+    clock.advance(7)  # past the cool-down (at most 5 s + a fifth of jitter)
+    held, ps.lane.queue = ps.lane.queue, []
+    ps.lane.running = True
+    asked = _drive(r.steps(ps.lane, held, 0, None), fail=set())
+    assert asked == ["run 2", "run 3", "run 9"]  # the probe succeeded: closed again

@@ -1,0 +1,158 @@
+"""The pipelined hand-off step against a sender whose acknowledgements the test controls."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from queue import SimpleQueue
+
+from kworkers.clock import FakeClock
+from kworkers.consumer.partition import PartitionState
+from kworkers.consumer.ports import Completion
+from kworkers.message import Headers, Message
+from kworkers.metrics import Metrics
+from kworkers.retry_tiers.handoff import HandOffStep, SendErrorKind
+from kworkers.retry_tiers.policy import RetryPolicy, no_jitter
+from kworkers.retry_tiers.router import FailureRouter
+from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.supervision import Supervisor
+
+
+class Refused(Exception):
+    def __init__(self, kind: SendErrorKind) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class HeldSender:
+    """Futures stay pending until the test acknowledges or refuses them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Future[None]]] = []
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None,
+             headers: Headers) -> Future[None]:
+        fut: Future[None] = Future()
+        self.sent.append((topic, fut))
+        return fut
+
+
+def _step(limit: int = 100) -> tuple[HandOffStep, HeldSender, SimpleQueue[Completion],
+                                      Supervisor, FakeClock, Metrics]:
+    clock = FakeClock(1000.0)
+    sender, done, sup, metrics = HeldSender(), SimpleQueue[Completion](), Supervisor(), Metrics()
+    router = FailureRouter(RetryPolicy(initial=1, max_attempts=3), TierLadder((1.0, 5.0)), "g",
+                           no_jitter, clock)
+    step = HandOffStep(router, sender, metrics, "g", done, clock, threading.Event(), sup,
+                       lambda e: e.kind if isinstance(e, Refused) else "transient", limit)
+    return step, sender, done, sup, clock, metrics
+
+
+def _msg(offset: int, topic: str = "orders", attempt: int = 1) -> Message:
+    return Message(topic, 0, offset, b"k", b"v", (), None, attempt)
+
+
+def _drain(q: SimpleQueue[Completion]) -> list[tuple[list[int], int, int]]:
+    out = []
+    while not q.empty():
+        _ps, offsets, retried, dead, _t = q.get_nowait()
+        out.append((offsets, retried, dead))
+    return out
+
+
+def test_pipelined_offsets_complete_on_acknowledgement_in_any_order() -> None:
+    step, sender, done, _sup, _clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    for o in range(3):
+        assert step.submit(ps, _msg(o), ValueError("down"))
+    assert len(sender.sent) == 3 and _drain(done) == []  # none waited for, none complete
+    assert ps.handoffs == 3 and ps.busy()
+    sender.sent[2][1].set_result(None)
+    sender.sent[0][1].set_result(None)
+    assert _drain(done) == [([2], 1, 0), ([0], 1, 0)]
+    assert ps.handoffs == 1
+
+
+def test_a_transient_refusal_is_retried_in_place_and_holds_the_offset() -> None:
+    step, sender, done, _sup, clock, metrics = _step()
+    ps = PartitionState("orders", 0)
+    step.submit(ps, _msg(0), ValueError("down"))
+    sender.sent[0][1].set_exception(Refused("transient"))
+    assert _drain(done) == [] and metrics.handoff_blocked.labels("g")._value.get() == 1
+    step.tick()
+    assert len(sender.sent) == 1  # not yet: it waits before retrying
+    clock.advance(0.1)
+    step.tick()
+    assert [t for t, _ in sender.sent] == ["orders.retry.1s"] * 2
+    sender.sent[1][1].set_result(None)
+    assert _drain(done) == [([0], 1, 0)]
+    assert metrics.handoff_blocked.labels("g")._value.get() == 0
+
+
+def test_a_permanent_refusal_sends_the_record_to_its_own_dlq_with_the_reason() -> None:
+    step, sender, done, _sup, _clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    step.submit(ps, _msg(0), ValueError("down"))
+    sender.sent[0][1].set_exception(Refused("permanent"))
+    step.tick()
+    assert sender.sent[-1][0] == "orders.dlq"
+    sender.sent[-1][1].set_result(None)
+    assert _drain(done) == [([0], 0, 1)]
+
+
+def test_a_missing_destination_counts_as_gone_after_a_few_tries() -> None:
+    step, sender, _done, _sup, clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    step.submit(ps, _msg(0), ValueError("down"))
+    for _ in range(3):
+        sender.sent[-1][1].set_exception(Refused("missing"))
+        clock.advance(10)
+        step.tick()
+    assert [t for t, _ in sender.sent] == ["orders.retry.1s"] * 3 + ["orders.dlq"]
+
+
+def test_a_dlq_that_refuses_for_good_makes_the_worker_unhealthy_and_keeps_the_record() -> None:
+    step, sender, done, sup, clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    step.submit(ps, _msg(0, attempt=3), ValueError("down"))  # exhausted: to the DLQ
+    sender.sent[0][1].set_exception(Refused("permanent"))
+    assert sup.fault is not None and "orders.dlq" in sup.fault.reason
+    clock.advance(1)
+    step.tick()
+    assert [t for t, _ in sender.sent] == ["orders.dlq", "orders.dlq"]  # still retried
+    assert _drain(done) == []  # never completed: never committed past
+
+
+def test_a_revoked_partition_abandons_its_hand_offs() -> None:
+    step, sender, done, _sup, clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    step.submit(ps, _msg(0), ValueError("down"))
+    ps.stop_dispatch()
+    assert not step.submit(ps, _msg(1), ValueError("down"))
+    sender.sent[0][1].set_exception(Refused("transient"))
+    clock.advance(10)
+    step.tick()
+    assert len(sender.sent) == 1 and ps.handoffs == 0 and _drain(done) == []
+
+
+def test_a_record_the_router_cannot_place_goes_to_the_dlq_of_the_consumed_topic() -> None:
+    step, sender, _done, _sup, _clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    forged = Message("orders", 0, 0, b"k", b"v", (("kw-original-topic", b"bad topic!"),))
+    assert step.submit(ps, forged, ValueError("down"))
+    assert sender.sent[0][0] in ("orders.retry.1s", "orders.dlq")  # never "bad topic!..."
+
+
+def test_at_the_limit_a_runner_waits_for_room() -> None:
+    step, sender, _done, _sup, _clock, _m = _step(limit=2)
+    ps = PartitionState("orders", 0)
+    step.submit(ps, _msg(0), ValueError("x"))
+    step.submit(ps, _msg(1), ValueError("x"))
+    assert not step.has_room()
+    third = threading.Thread(target=step.submit, args=(ps, _msg(2), ValueError("x")))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive() and len(sender.sent) == 2  # waiting for room
+    sender.sent[0][1].set_result(None)
+    third.join(5)
+    assert not third.is_alive() and len(sender.sent) == 3

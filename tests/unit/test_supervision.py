@@ -1,0 +1,149 @@
+"""Supervision: a crashed runner, a dead loop thread or a hung handler call makes the worker
+unhealthy, stops it and makes ``run`` raise (so ``kworkers run`` exits non-zero); the timer
+heap never overflows however much a tier holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from queue import SimpleQueue
+
+import pytest
+
+from kworkers import RetryPolicy, TierLadder, Worker
+from kworkers.clock import FakeClock
+from kworkers.consumer.partition import PartitionState
+from kworkers.consumer.runner import Runner
+from kworkers.consumer.runtime import ThreadRuntime
+from kworkers.errors import WorkerFailed
+from kworkers.message import Message
+from kworkers.retry_tiers.headers import DUE_AT
+from kworkers.supervision import Supervisor
+from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer, _msgs
+
+TP = tuple[str, int]
+
+
+class Boom(BaseException):
+    """Not an Exception: escapes a handler's ``except Exception`` and the runner's."""
+
+
+def _worker(main: ScriptedConsumer, tier: ScriptedConsumer | None = None,
+            **cfg: object) -> Worker:
+    tier = tier or ScriptedConsumer([], [], "g.retry")
+    for c in (main, tier):
+        c.go.set()
+    return Worker(topics=["t"], group_id="g", concurrency=2, sender=RecordingSender(),
+                  consumer=lambda group: main if group == "g" else tier, **cfg)
+
+
+def _run(w: Worker) -> BaseException | None:
+    box: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            w.run(install_signals=False)
+        except BaseException as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the worker did not stop by itself"
+    return box[0] if box else None
+
+
+def test_a_crashed_runner_stops_the_worker_with_the_reason() -> None:
+    w = _worker(ScriptedConsumer(_msgs(5), []))
+
+    @w.handler
+    def handle(msg: Message) -> None:
+        if msg.offset == 2:
+            raise Boom("a bug that escapes everything")
+
+    err = _run(w)
+    assert isinstance(err, WorkerFailed) and "a runner raised Boom" in str(err)
+    assert w.fault is not None and w.fault.component.startswith("kworkers-handler")
+    assert w.metrics.worker_healthy._value.get() == 0
+
+
+def test_a_dead_retry_loop_stops_the_worker_with_the_reason() -> None:
+    class Dying(ScriptedConsumer):
+        def poll_batch(self, n: int, timeout: float) -> list[Message]:
+            raise RuntimeError("the retry loop's consumer broke")
+
+    w = _worker(ScriptedConsumer(_msgs(3), []), Dying([], [], "g.retry"))
+    w.handler(lambda msg: None)
+    err = _run(w)
+    assert isinstance(err, WorkerFailed) and "kworkers-retry-loop" in str(err)
+
+
+def test_a_handler_call_past_the_stall_bound_is_reported() -> None:
+    clock = FakeClock()
+    sup = Supervisor()
+    rt = ThreadRuntime(1, sup, clock)
+    release = threading.Event()
+    runner = Runner(lambda m: release.wait(10), lambda h, m: h(m), _NoHandOffs(), rt, clock,
+                    None, SimpleQueue())
+    ps = PartitionState("t", 0, clock)
+    ps.lane.running = True
+    runner.start(ps.lane, _msgs(1), 0)
+    deadline = time.monotonic() + 10
+    while rt.stalled(60.0) is None and time.monotonic() < deadline:
+        clock.advance(1)
+        time.sleep(0.01)
+    stuck = rt.stalled(60.0)
+    release.set()
+    rt.shutdown()
+    assert stuck is not None and "t/0@0" in stuck
+
+
+class _NoHandOffs:
+    def has_room(self) -> bool:
+        return True
+
+    def wait_room(self, ps: PartitionState) -> bool:
+        return True
+
+    def submit(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
+        return True
+
+    def tick(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("capacity,batch", [(100, 50), (10, 500)])
+def test_the_timer_heap_overshoots_by_at_most_one_fetched_batch(capacity: int,
+                                                                batch: int) -> None:
+    far = str(int((time.time() + 3600) * 1000)).encode()  # kw-due-at is epoch milliseconds
+    tier_topic = "t.retry.1s"
+    records = [Message(tier_topic, p, o, b"k", b"v", ((DUE_AT, far), ("kw-attempt", b"2")))
+               for o in range(400) for p in range(3)]
+    tier = ScriptedConsumer(records, [], "g.retry")
+    w = _worker(ScriptedConsumer([], []), tier, delay_buffer=capacity, consume_batch=batch,
+                tiers=TierLadder((1.0,)), retry=RetryPolicy(max_interval=7200))
+    w.handler(lambda msg: None)
+    seen: list[int] = []
+    box: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            w.run(install_signals=False)
+        except BaseException as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (len(w.loops) == 2 and tier.paused):
+        if len(w.loops) == 2 and w.loops[1].gate is not None:
+            seen.append(len(w.loops[1].gate))
+        time.sleep(0.001)
+    time.sleep(0.3)  # a few more steps with every tier partition paused
+    heap = len(w.loops[1].gate) if w.loops[1].gate is not None else -1
+    w.stop()
+    t.join(30)
+    assert not box, box
+    assert tier.paused == {(tier_topic, p) for p in range(3)}
+    assert capacity <= heap <= capacity + batch and max(seen, default=0) <= capacity + batch
+    assert tier.records  # the rest stayed in Kafka
