@@ -1,4 +1,8 @@
-"""Topic administration through confluent-kafka's AdminClient (an adapter module)."""
+"""Topic administration through confluent-kafka's AdminClient (an adapter module).
+
+``admin_client`` is ``kworkers.kafka.clients.admin``: the admin client of a ``ClientSettings``
+(or of a bare bootstrap address).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from kworkers.errors import ConfigError
+from kworkers.kafka.clients import admin as admin_client
+
+__all__ = ["TopicSpec", "admin_client", "create_topics", "delete_topics", "existing_topics"]
 
 
 @dataclass(frozen=True)
@@ -24,10 +31,6 @@ class TopicSpec:
             raise ConfigError(f"invalid topic name {self.name!r}")
         if self.partitions < 1:
             raise ConfigError(f"topic {self.name}: partitions must be >= 1, got {self.partitions}")
-
-
-def admin_client(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers, **(extra or {})})
 
 
 def existing_topics(admin: AdminClient, timeout: float = 10.0) -> dict[str, int]:

@@ -131,7 +131,7 @@ def _topics_options(fn: Any) -> Any:
 
 def _plan(bootstrap: str, names: Sequence[str], tiers: str, partitions: int | None) -> Any:
     from kworkers.cli_topics import plan_topics
-    from kworkers.dlq.reader import topics as list_topics
+    from kworkers.kafka.clients import list_topics
     from kworkers.settings import parse_tiers
 
     ladder = parse_tiers(tiers, "--tiers")
@@ -169,8 +169,7 @@ def topics_create(bootstrap: str, names: tuple[str, ...], tiers: str, partitions
     from kworkers.cli_topics import specs
 
     plan = _plan(bootstrap, names, tiers, partitions)
-    made = set(create_topics(admin_client(bootstrap, {"log_level": "0"}),
-                             specs(plan, replication_factor)))
+    made = set(create_topics(admin_client(bootstrap), specs(plan, replication_factor)))
     out = console()
     for p in plan:
         what = "created" if p.name in made else "exists " if p.action == "exists" else "raced  "
@@ -229,8 +228,9 @@ def dlq_show(bootstrap: str, dlq_topic: str, partition: int, offset: int) -> int
     hex.
     """
     from kworkers.cli_dlq import show_lines
-    from kworkers.dlq.reader import read_record, require_topic
     from kworkers.dlq.record import DeadLetter
+    from kworkers.kafka.clients import require_topic
+    from kworkers.kafka.reader import read_record
     from kworkers.retry_tiers.headers import HeaderError
 
     require_topic(bootstrap, dlq_topic, hint="is the DLQ name <topic>.dlq?")

@@ -12,11 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
-from kworkers.dlq.reader import CONNECT_TIMEOUT, KafkaUnreachable, client_conf, scan, topics
 from kworkers.errors import ConfigError
+from kworkers.kafka import clients
+from kworkers.kafka.clients import CONNECT_TIMEOUT
+from kworkers.kafka.reader import scan
+from kworkers.kafka.settings import ClientSettings, as_client
 from kworkers.lag import WAITING_SCAN_LIMIT, GroupLag, ResetPolicy, count_waiting, group_lag
 from kworkers.retry_tiers.headers import HeaderError, due_at_of
 from kworkers.retry_tiers.tiers import source_topic_of
@@ -24,23 +26,23 @@ from kworkers.retry_tiers.tiers import source_topic_of
 Row = tuple[str, int, int, int | None]
 
 
-def committed_topics(bootstrap: str, group: str) -> list[str]:
+def committed_topics(client: ClientSettings | str, group: str) -> list[str]:
     """The topics ``group`` has committed offsets for (KEDA's choice when no topic is set)."""
-    admin = AdminClient(client_conf(bootstrap))
+    admin = clients.admin(client)
     try:
         fut = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
         res = fut.result(timeout=CONNECT_TIMEOUT)
     except KafkaException as exc:
-        raise KafkaUnreachable(bootstrap, str(exc.args[0] if exc.args else exc)) from None
+        raise clients.unreachable(client, exc) from None
     return sorted({tp.topic for tp in res.topic_partitions or [] if tp.offset >= 0})
 
 
-def offsets(bootstrap: str, group: str, names: Sequence[str],
+def offsets(client: ClientSettings | str, group: str, names: Sequence[str],
             have: dict[str, int]) -> list[Row]:
     """``(topic, partition, latest, committed)`` for every partition of ``names``."""
     if not names:
         return []
-    c = Consumer(client_conf(bootstrap, **{"group.id": group, "enable.auto.commit": False}))
+    c = clients.reader(client, group)
     try:
         tps = [TopicPartition(t, p) for t in names for p in range(have[t])]
         committed = {(tp.topic, tp.partition): tp.offset
@@ -52,7 +54,7 @@ def offsets(bootstrap: str, group: str, names: Sequence[str],
             rows.append((tp.topic, tp.partition, hi, off if off >= 0 else None))
         return rows
     except KafkaException as exc:
-        raise KafkaUnreachable(bootstrap, str(exc.args[0] if exc.args else exc)) from None
+        raise clients.unreachable(client, exc) from None
     finally:
         c.close()
 
@@ -65,7 +67,7 @@ def tier_topics_of(sources: Sequence[str], have: dict[str, int]) -> list[str]:
                   and source_topic_of(t) in wanted)
 
 
-def waiting_counts(bootstrap: str, rows: Sequence[Row], now: float,
+def waiting_counts(client: ClientSettings | str, rows: Sequence[Row], now: float,
                    limit: int = WAITING_SCAN_LIMIT) -> dict[tuple[str, int], tuple[int, bool]]:
     """Per tier partition: records after the committed offset whose due time is ahead.
 
@@ -79,7 +81,7 @@ def waiting_counts(bootstrap: str, rows: Sequence[Row], now: float,
         if start < latest:
             by_topic.setdefault(topic, {})[part] = start
     for topic, starts in by_topic.items():
-        got = scan(bootstrap, topic, start=starts, partitions=list(starts), limit=limit)
+        got = scan(client, topic, start=starts, partitions=list(starts), limit=limit)
         dues: dict[int, list[float | None]] = {p: [] for p in starts}
         for m in got.messages:
             try:
@@ -91,21 +93,23 @@ def waiting_counts(bootstrap: str, rows: Sequence[Row], now: float,
     return out
 
 
-def read_lag(bootstrap: str, group: str, names: Sequence[str], reset_policy: ResetPolicy,
-             scale_to_zero: bool, limit: int = WAITING_SCAN_LIMIT) -> tuple[GroupLag, GroupLag]:
+def read_lag(client: ClientSettings | str, group: str, names: Sequence[str],
+             reset_policy: ResetPolicy, scale_to_zero: bool,
+             limit: int = WAITING_SCAN_LIMIT) -> tuple[GroupLag, GroupLag]:
     """(the group's lag, its retry tier group's lag with the waiting records counted)."""
-    have = topics(bootstrap)
-    sources = list(dict.fromkeys(names)) or committed_topics(bootstrap, group)
+    settings = as_client(client)
+    have = clients.list_topics(settings)
+    sources = list(dict.fromkeys(names)) or committed_topics(settings, group)
     if not sources:
         raise ConfigError(f"group {group!r} has no committed offsets; name its topics with "
                           "--topic")
     for t in sources:
         if t not in have:
-            raise ConfigError(f"topic {t!r} does not exist on {bootstrap}")
-    main = group_lag(group, offsets(bootstrap, group, sources, have), reset_policy,
+            raise ConfigError(f"topic {t!r} does not exist on {settings.bootstrap_servers}")
+    main = group_lag(group, offsets(settings, group, sources, have), reset_policy,
                      scale_to_zero)
     retry_group = f"{group}.retry"
-    tier_rows = offsets(bootstrap, retry_group, tier_topics_of(sources, have), have)
-    waiting = waiting_counts(bootstrap, tier_rows, time.time(), limit)
+    tier_rows = offsets(settings, retry_group, tier_topics_of(sources, have), have)
+    waiting = waiting_counts(settings, tier_rows, time.time(), limit)
     retry = group_lag(retry_group, tier_rows, reset_policy, scale_to_zero, waiting)
     return main, retry

@@ -13,6 +13,7 @@ from typing import Literal
 from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import ConfigError
+from kworkers.kafka.settings import ClientSettings, Prop, is_security_key
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
 
@@ -66,8 +67,12 @@ class WorkerConfig:
     handoff_limit: int = 10_000
     #: a circuit breaker that stops starting records while a dependency is down (None: off)
     breaker: BreakerPolicy | None = None
-    consumer_config: Mapping[str, str | int | float | bool] = field(default_factory=dict)
-    producer_config: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    #: librdkafka properties of every client the worker makes (its consumers, hand-off
+    #: producer and admin client): security.*, sasl.*, ssl.* and any shared override
+    client_config: Mapping[str, Prop] = field(default_factory=dict, repr=False)
+    #: librdkafka properties of the consumers only, and of the hand-off producer only
+    consumer_config: Mapping[str, Prop] = field(default_factory=dict)
+    producer_config: Mapping[str, Prop] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         raw: object = self.topics
@@ -102,6 +107,14 @@ class WorkerConfig:
         owned = _OWNED_CONSUMER_KEYS & set(self.consumer_config)
         if owned:
             raise ConfigError(f"consumer_config: {sorted(owned)} are set by kworkers itself")
+        for name in ("consumer_config", "producer_config"):
+            security = sorted(k for k in getattr(self, name) if is_security_key(k))
+            if security:
+                raise ConfigError(
+                    f"{name}: {security} are connection settings every client of the worker "
+                    "needs (its admin client and hand-off producer too): put them in "
+                    "client_config")
+        _ = self.client  # validates client_config
         if self.group_protocol == "consumer":
             bad = _CLASSIC_ONLY_KEYS & set(self.consumer_config)
             if bad:
@@ -110,11 +123,10 @@ class WorkerConfig:
                     "group_protocol='consumer' (KIP-848); the broker's group.consumer.* rule"
                 )
 
-    def client_security(self) -> dict[str, str | int | float | bool]:
-        """The connection settings (security.*, sasl.*, ssl.*) every client of the worker needs:
-        its admin client and hand-off producer too, not only the consumer."""
-        return {k: v for k, v in self.consumer_config.items()
-                if k.startswith(("security.", "sasl.", "ssl."))}
+    @property
+    def client(self) -> ClientSettings:
+        """Where the cluster is and how every client of the worker connects to it."""
+        return ClientSettings.of(self.bootstrap_servers, self.client_config)
 
     def started_work_bound(self) -> float:
         """How long a graceful stop waits for handler calls already started: their deadline

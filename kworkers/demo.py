@@ -53,9 +53,10 @@ from rich.progress import (
 from rich.table import Table
 
 from kworkers.admin import TopicSpec, admin_client, create_topics
-from kworkers.dlq.reader import client_conf, topics
 from kworkers.dlq.redrive import redrive
 from kworkers.errors import KworkersError, RetryableError
+from kworkers.kafka.clients import list_topics as topics
+from kworkers.kafka.settings import producer_settings, reader_settings
 from kworkers.message import Message
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
@@ -238,9 +239,7 @@ class DlqTail:
     """Follows the DLQ from its beginning: which activities were dead-lettered so far."""
 
     def __init__(self, bootstrap: str, dlq: str) -> None:
-        self._c = Consumer(client_conf(bootstrap, **{
-            "group.id": "kworkers-demo-observer", "enable.auto.commit": False,
-            "isolation.level": "read_committed"}))
+        self._c = Consumer(reader_settings(bootstrap, "kworkers-demo-observer"))
         self._c.assign([TopicPartition(dlq, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         self.records = 0
         self.keys: set[str] = set()
@@ -460,7 +459,7 @@ class FlakyDemo:
                 w.start()
 
     def _produce(self, bootstrap: str, topic: str) -> None:
-        p = Producer(client_conf(bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
+        p = Producer(producer_settings(bootstrap))
         for i in range(self.o.activities):
             headers: list[tuple[str, str | bytes | None]] = [
                 ("kw-workflow-id", f"wf-{i}".encode()), ("kw-activity-id", f"act-{i}".encode())]

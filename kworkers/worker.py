@@ -17,14 +17,12 @@ from queue import SimpleQueue
 from types import FrameType
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaException
-
 from kworkers.activity import ActivityInvoker
-from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
+from kworkers.admin import TopicSpec, create_topics
 from kworkers.clock import Clock, SystemClock
 from kworkers.config import WorkerConfig
 from kworkers.consumer.breaker import Breaker, State
-from kworkers.consumer.kafka import KafkaConsumerAdapter, consumer_settings, producer_settings
+from kworkers.consumer.kafka import KafkaConsumerAdapter
 from kworkers.consumer.ports import Completion, ConsumerPort, Handler, Invoker
 from kworkers.consumer.processor import Processor
 from kworkers.consumer.runner import Runner, Runtime
@@ -33,6 +31,8 @@ from kworkers.consumer.tier_gate import TierGate
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError, WorkerFailed, failure_type, is_non_retryable
 from kworkers.idempotency.store import IdempotencyStore
+from kworkers.kafka import clients
+from kworkers.kafka.settings import consumer_settings, producer_settings
 from kworkers.metrics import Metrics
 from kworkers.retry_tiers.handoff import HandOffStep, SendErrorKind, all_transient
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
@@ -146,7 +146,7 @@ class Worker:
     def topic_specs(self, partitions: int | None = None) -> list[TopicSpec]:
         """The tier and DLQ topics this worker needs, sized like their source topics."""
         cfg = self.config
-        have = existing_topics(self._admin())
+        have = clients.list_topics(cfg.client)
         specs = []
         for src in cfg.topics:
             n = partitions or have.get(src, 6)
@@ -155,20 +155,11 @@ class Worker:
         return specs
 
     def create_topics(self, partitions: int | None = None) -> list[str]:
-        return create_topics(self._admin(), self.topic_specs(partitions))
-
-    def _admin(self) -> Any:
-        cfg = self.config
-        extra = {k: str(v) for k, v in cfg.client_security().items()}
-        return admin_client(cfg.bootstrap_servers, extra)
+        return create_topics(clients.admin(self.config.client), self.topic_specs(partitions))
 
     def check_topics(self) -> None:
         cfg = self.config
-        try:
-            have = existing_topics(self._admin())
-        except KafkaException as exc:
-            raise ConfigError(f"cannot reach Kafka at {cfg.bootstrap_servers}: "
-                              f"{_reason(exc)}") from None
+        have = clients.list_topics(cfg.client)  # KafkaUnreachable: one line, no secret
         need = [*cfg.topics, *cfg.tier_topics(), *cfg.dlq_topics()]
         missing = [t for t in need if t not in have]
         if missing:
@@ -195,8 +186,7 @@ class Worker:
         classify: Callable[[BaseException], SendErrorKind] = all_transient
         sender = self._sender
         if sender is None:
-            sender = KafkaSender(producer_settings(
-                cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
+            sender = KafkaSender(producer_settings(cfg.client, cfg.producer_config))
             classify = classify_send_error
         breaker = self._breaker()
         main = self._processor(cfg.group_id, cfg.topics, handler, sender, classify, runtime,
@@ -271,7 +261,7 @@ class Worker:
         cfg = self.config
         consumer = (self._consumer(group) if self._consumer is not None else
                     KafkaConsumerAdapter(consumer_settings(
-                        cfg.bootstrap_servers, group, cfg.group_protocol, cfg.consumer_config)))
+                        cfg.client, group, cfg.group_protocol, cfg.consumer_config)))
         router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
         done: SimpleQueue[Completion] = SimpleQueue()
         hand_offs = HandOffStep(router, sender, self.metrics, consumer.group, done, self.clock,
@@ -304,12 +294,6 @@ class Worker:
                 signal.signal(s, h)
 
         return restore
-
-
-def _reason(exc: KafkaException) -> str:
-    """The client's error text, which names the failure but never the credentials."""
-    err = exc.args[0] if exc.args else exc
-    return str(getattr(err, "str", lambda: err)())
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

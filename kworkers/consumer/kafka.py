@@ -12,6 +12,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from kworkers.kafka.settings import consumer_settings as consumer_settings
+from kworkers.kafka.settings import producer_settings as producer_settings
 from kworkers.message import Headers, Message
 
 log = logging.getLogger("kworkers.consumer")
@@ -30,40 +32,6 @@ _RETRYABLE_COMMIT_CODES = frozenset({
     KafkaError.NETWORK_EXCEPTION,
     KafkaError._WAIT_COORD,
 })
-
-
-def consumer_settings(
-    bootstrap: str, group: str, protocol: str, extra: Mapping[str, Any]
-) -> dict[str, Any]:
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "group.protocol": protocol,
-        # Headroom for a paused partition's heartbeat-only polls; handlers never run here.
-        "max.poll.interval.ms": 300_000,
-        "log_level": 4,
-    }
-    if protocol == "classic":
-        conf["partition.assignment.strategy"] = "cooperative-sticky"
-    conf.update(extra)
-    return conf
-
-
-def producer_settings(bootstrap: str, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The hand-off producer: idempotent, acks from all replicas, bounded delivery time."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 5,
-        "delivery.timeout.ms": 30_000,
-        "log_level": 4,
-    }
-    conf.update(extra)
-    return conf
 
 
 def is_retryable(exc: BaseException) -> bool:

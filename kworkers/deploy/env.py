@@ -101,9 +101,7 @@ def config_from_env(env: Mapping[str, str] | None = None, base: WorkerConfig | N
     config = settings.apply(base, layer)
     security = sasl_settings(env)
     if security:
-        config = dataclasses.replace(
-            config, consumer_config={**config.consumer_config, **security},
-            producer_config={**config.producer_config, **security})
+        config = dataclasses.replace(config, client_config={**config.client_config, **security})
     return dataclasses.replace(config, **overrides) if overrides else config
 
 

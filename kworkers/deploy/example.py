@@ -66,11 +66,11 @@ def create_topics() -> list[str]:
     """The source topic and everything the worker needs next to it; idempotent."""
     from kworkers.admin import TopicSpec, admin_client
     from kworkers.admin import create_topics as create
-    from kworkers.testing.broker import wait_ready
+    from kworkers.kafka.clients import wait_for_broker
 
-    wait_ready(config.bootstrap_servers, timeout=float(_int_env("KWORKERS_DEMO_WAIT", 120)))
+    wait_for_broker(config.client, timeout=float(_int_env("KWORKERS_DEMO_WAIT", 120)))
     partitions = _int_env("KWORKERS_DEMO_PARTITIONS", 6)
-    made = create(admin_client(config.bootstrap_servers),
+    made = create(admin_client(config.client),
                   [TopicSpec(t, partitions) for t in config.topics])
     made += worker.create_topics(partitions)
     return made
@@ -80,10 +80,11 @@ def produce() -> int:
     """Produces the demo records, each with a new trace; returns how many were delivered."""
     from confluent_kafka import Producer
 
+    from kworkers.kafka.settings import producer_settings
+
     n = _int_env("KWORKERS_DEMO_RECORDS", 1000)
     rate = max(1, _int_env("KWORKERS_DEMO_RATE", 100))
-    p = Producer({"bootstrap.servers": config.bootstrap_servers, "enable.idempotence": True,
-                  **config.producer_config})
+    p = Producer(producer_settings(config.client, config.producer_config))
     start = time.monotonic()
     topic = config.topics[0]
     for i in range(n):

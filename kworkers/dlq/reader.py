@@ -1,215 +1,21 @@
-"""Reading topics back without a consumer group: the DLQ, the redrive ledger, tier backlogs.
+"""A DLQ read back: its dead letters, and the records that are not kworkers dead letters.
 
-Why not a group: an operator tool must not move anybody's committed offsets, must see every
-partition at once, and must stop at a known end. So a reader ``assign()``s the partitions it
-wants, starting where it is told, and stops at the end it saw when it started (the high
-watermark; for ``read_committed`` the last stable offset), never waiting for more.
-
-``isolation.level`` is ``read_committed`` like kworkers' workers: a redrive replay whose
-transaction aborted is invisible here exactly as it is to them.
-
-This is an adapter module: it imports confluent-kafka. Broker trouble comes out as
-``KafkaUnreachable`` or ``TopicNotFound`` (both ``ConfigError``: the operator named a broker or
-a topic that is not there), with one line of text an operator can act on.
+The one way kworkers reads a DLQ (``kworkers dlq list``, the redrive, tests): every committed
+record, read without a consumer group by ``kworkers.kafka.reader.scan``, each parsed as a
+``DeadLetter``. A record that does not parse (written by another tool, or with damaged headers)
+is kept apart with the reason, never dropped and never fatal.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
 
 from kworkers.dlq.record import DeadLetter
-from kworkers.errors import ConfigError, KworkersError
-from kworkers.message import Headers, Message
+from kworkers.kafka.clients import require_topic
+from kworkers.kafka.reader import scan
+from kworkers.kafka.settings import ClientSettings
+from kworkers.message import Message
 from kworkers.retry_tiers.headers import HeaderError
-
-#: How long to wait for a broker to answer before saying it cannot be reached.
-CONNECT_TIMEOUT = 10.0
-
-
-class KafkaUnreachable(ConfigError):
-    """No broker answered at the bootstrap address."""
-
-    def __init__(self, bootstrap: str, detail: str = "") -> None:
-        tail = f" ({detail})" if detail else ""
-        super().__init__(f"cannot reach Kafka at {bootstrap}{tail}")
-        self.bootstrap = bootstrap
-
-
-class TopicNotFound(ConfigError):
-    """A topic the operator named does not exist."""
-
-    def __init__(self, topic: str, bootstrap: str, hint: str = "") -> None:
-        tail = f"; {hint}" if hint else ""
-        super().__init__(f"topic {topic!r} does not exist on {bootstrap}{tail}")
-        self.topic = topic
-
-
-class ReadTimeout(KworkersError):
-    """A partition did not reach the end it was read to in time."""
-
-
-def client_conf(bootstrap: str, **extra: Any) -> dict[str, Any]:
-    """Settings shared by the operator tools' clients.
-
-    librdkafka logs to stderr by itself; an operator tool reports errors as one line, so its
-    log is silent unless ``KWORKERS_KAFKA_LOG_LEVEL`` (syslog levels, 7 = debug) asks.
-    """
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "log_level": int(os.environ.get("KWORKERS_KAFKA_LOG_LEVEL", "0") or 0),
-    }
-    conf.update(extra)
-    return conf
-
-
-def topics(bootstrap: str, timeout: float = CONNECT_TIMEOUT) -> dict[str, int]:
-    """Topic name -> partition count (internal topics left out); checks the broker answers."""
-    admin = AdminClient(client_conf(bootstrap))
-    try:
-        md = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        detail = err.str() if isinstance(err, KafkaError) else str(exc)
-        raise KafkaUnreachable(bootstrap, detail) from None
-    return {n: len(t.partitions) for n, t in md.topics.items() if not n.startswith("__")}
-
-
-def require_topic(bootstrap: str, topic: str, have: Mapping[str, int] | None = None,
-                  hint: str = "") -> int:
-    """The partition count of ``topic``; ``TopicNotFound`` when it does not exist."""
-    known = topics(bootstrap) if have is None else have
-    if topic not in known:
-        raise TopicNotFound(topic, bootstrap, hint)
-    return known[topic]
-
-
-def to_message(m: Any) -> Message:
-    """A client record as kworkers' ``Message`` (a null header value becomes b"")."""
-    raw = m.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    headers: Headers = tuple(
-        (str(k), v if isinstance(v, bytes) else (b"" if v is None else str(v).encode()))
-        for k, v in pairs
-    )
-    ts_type, ts = m.timestamp()
-    return Message(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value(),
-                   headers, ts if ts_type else None)
-
-
-@dataclass
-class Scan:
-    """What a ``scan`` read: the records in partition/offset order, and where it stopped.
-
-    ``ends`` is the end each partition was read to; ``truncated`` names the partitions where
-    ``limit`` stopped the read before that end.
-    """
-
-    messages: list[Message] = field(default_factory=list)
-    ends: dict[int, int] = field(default_factory=dict)
-    truncated: set[int] = field(default_factory=set)
-
-
-def scan(
-    bootstrap: str,
-    topic: str,
-    *,
-    start: Mapping[int, int] | None = None,
-    partitions: Collection[int] | None = None,
-    limit: int | None = None,
-    timeout: float = 60.0,
-) -> Scan:
-    """Every committed record of ``topic`` from ``start`` (default: the beginning) to the end.
-
-    The end of each partition is fixed when the scan starts, so a busy topic still yields a
-    finite read. ``limit`` caps the records read per partition (``truncated`` says where it
-    did). Nothing is committed and no group is joined: ``group.id`` is a placeholder the
-    client requires, never used.
-    """
-    have = topics(bootstrap)
-    n = require_topic(bootstrap, topic, have)
-    wanted = sorted(range(n) if partitions is None else partitions)
-    for p in wanted:
-        if not 0 <= p < n:
-            raise ConfigError(f"topic {topic!r} has partitions 0..{n - 1}, not {p}")
-    c = Consumer(client_conf(
-        bootstrap, **{
-            "group.id": "kworkers-reader", "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "enable.partition.eof": True,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-        }))
-    out = Scan()
-    try:
-        assign: list[TopicPartition] = []
-        for p in wanted:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=CONNECT_TIMEOUT)
-            first = lo if start is None or p not in start else max(lo, start[p])
-            out.ends[p] = hi
-            if first < hi and (limit is None or limit > 0):
-                assign.append(TopicPartition(topic, p, first if first > lo else OFFSET_BEGINNING))
-        if not assign:
-            return out
-        _read(c, topic, assign, out, limit, timeout)
-    except KafkaException as exc:
-        raise KafkaUnreachable(bootstrap, str(exc.args[0] if exc.args else exc)) from None
-    finally:
-        c.close()
-    out.messages.sort(key=lambda m: (m.partition, m.offset))
-    return out
-
-
-def _read(c: Consumer, topic: str, assign: list[TopicPartition], out: Scan,
-          limit: int | None, timeout: float) -> None:
-    c.assign(assign)
-    pending = {tp.partition for tp in assign}
-    counts = dict.fromkeys(pending, 0)
-    deadline = time.monotonic() + timeout
-    while pending:
-        if time.monotonic() > deadline:
-            raise ReadTimeout(f"reading {topic} partitions {sorted(pending)} did not reach the "
-                              f"end within {timeout:.0f}s")
-        for m in c.consume(500, 0.5):
-            p = m.partition() or 0
-            if p not in pending:
-                continue
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    # for read_committed the end is the last stable offset: an open
-                    # transaction's records are not part of what we read
-                    pending.discard(p)
-                elif err.fatal():
-                    raise KafkaException(err)
-                continue
-            offset = m.offset() or 0
-            if offset >= out.ends[p]:
-                pending.discard(p)
-                continue
-            out.messages.append(to_message(m))
-            counts[p] += 1
-            if offset >= out.ends[p] - 1:
-                pending.discard(p)
-            elif limit is not None and counts[p] >= limit:
-                out.truncated.add(p)
-                pending.discard(p)
-        done = [TopicPartition(topic, p) for p in counts if p not in pending]
-        if done:
-            c.pause(done)
-
-
-# --- dead letters ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -222,39 +28,13 @@ class DlqContents:
     unreadable: list[tuple[Message, str]] = field(default_factory=list)
 
 
-def read_dlq(bootstrap: str, dlq: str, timeout: float = 60.0) -> DlqContents:
+def read_dlq(client: ClientSettings | str, dlq: str, timeout: float = 60.0) -> DlqContents:
     """Every record of ``dlq``, parsed; ``TopicNotFound`` when there is no such topic."""
-    require_topic(bootstrap, dlq, hint="is the DLQ name <topic>.dlq?")
+    require_topic(client, dlq, hint="is the DLQ name <topic>.dlq?")
     contents = DlqContents(dlq)
-    for msg in scan(bootstrap, dlq, timeout=timeout).messages:
+    for msg in scan(client, dlq, timeout=timeout).messages:
         try:
             contents.dead_letters.append(DeadLetter.from_message(msg))
         except HeaderError as exc:
             contents.unreadable.append((msg, str(exc)))
     return contents
-
-
-def read_dead_letters(bootstrap: str, dlq: str) -> list[DeadLetter]:
-    """The dead letters of ``dlq`` in partition/offset order (records that are not kworkers
-    dead letters are left out; ``read_dlq`` reports them)."""
-    return read_dlq(bootstrap, dlq).dead_letters
-
-
-def list_dead_letters(bootstrap: str, dlq: str) -> list[DeadLetter]:
-    """The dead letters of ``dlq``: the public name the retry tiers issue asks for."""
-    return read_dead_letters(bootstrap, dlq)
-
-
-def read_record(bootstrap: str, topic: str, partition: int, offset: int) -> Message:
-    """The one record at ``topic``/``partition``@``offset``; ``ConfigError`` when none is."""
-    if offset < 0:
-        raise ConfigError(f"offset must be >= 0, got {offset}")
-    got = scan(bootstrap, topic, start={partition: offset}, partitions=[partition], limit=1)
-    end = got.ends.get(partition, 0)
-    if got.messages and got.messages[0].offset == offset:
-        return got.messages[0]
-    if offset >= end:
-        raise ConfigError(f"no record at {topic}/{partition}@{offset}: the partition ends at "
-                          f"{end}")
-    raise ConfigError(f"no record at {topic}/{partition}@{offset} (the partition ends at {end}"
-                      "; compacted, deleted, or a transaction marker)")

@@ -36,17 +36,14 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from kworkers.admin import TopicSpec, admin_client, create_topics
-from kworkers.dlq.reader import (
-    DlqContents,
-    client_conf,
-    read_dlq,
-    scan,
-    topics,
-)
+from kworkers.admin import TopicSpec, create_topics
+from kworkers.dlq.reader import DlqContents, read_dlq
 from kworkers.dlq.record import DeadLetter
 from kworkers.dlq.redrive_plan import RedriveFilter
 from kworkers.errors import ConfigError, KworkersError
+from kworkers.kafka import clients
+from kworkers.kafka.reader import scan
+from kworkers.kafka.settings import ClientSettings, as_client
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import redrive_headers
 
@@ -136,16 +133,16 @@ def plan(
     return selected, todo
 
 
-def read_ledger(bootstrap: str, dlq: str) -> set[str]:
+def read_ledger(client: ClientSettings | str, dlq: str) -> set[str]:
     """The dead letters already replayed (committed markers only); empty without a ledger."""
     name = ledger_topic(dlq)
-    if name not in topics(bootstrap):
+    if name not in clients.list_topics(client):
         return set()
-    return {(m.key or b"").decode("utf-8", "replace") for m in scan(bootstrap, name).messages}
+    return {(m.key or b"").decode("utf-8", "replace") for m in scan(client, name).messages}
 
 
 def redrive(
-    bootstrap: str,
+    client: ClientSettings | str,
     dlq: str,
     target: str | None = None,
     filter: RedriveFilter | None = None,
@@ -170,11 +167,13 @@ def redrive(
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     if crash_after is None and os.environ.get(CRASH_AFTER_ENV):
         crash_after = int(os.environ[CRASH_AFTER_ENV])
-    have = topics(bootstrap)
+    settings = as_client(client)
+    where = settings.bootstrap_servers
+    have = clients.list_topics(settings)
     if dlq not in have:
-        raise ConfigError(f"DLQ topic {dlq!r} does not exist on {bootstrap}")
+        raise ConfigError(f"DLQ topic {dlq!r} does not exist on {where}")
     if target is not None and target not in have:
-        raise ConfigError(f"redrive target topic {target!r} does not exist on {bootstrap}")
+        raise ConfigError(f"redrive target topic {target!r} does not exist on {where}")
 
     producer: Producer | None = None
     if not dry_run:
@@ -182,21 +181,18 @@ def redrive(
         if ledger not in have:
             # one partition is plenty (a key per dead letter ever replayed); the broker's
             # default replication, as for any topic an operator tool creates in production
-            create_topics(admin_client(bootstrap), [TopicSpec(
+            create_topics(clients.admin(settings), [TopicSpec(
                 ledger, partitions=1, replication_factor=-1,
                 config={"cleanup.policy": "compact"})])
-        producer = Producer(client_conf(
-            bootstrap, **{"transactional.id": transactional_id(dlq),
-                          "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                          # short enough that a crashed redrive nobody reruns does not hold
-                          # back read_committed consumers for long; a batch takes far less
-                          "transaction.timeout.ms": 30_000}))
+        # its transaction timeout (30 s) is short enough that a crashed redrive nobody reruns
+        # does not hold back read_committed consumers for long; a batch takes far less
+        producer = clients.transactional_producer(settings, transactional_id(dlq))
         # before reading the ledger: aborts a crashed run's open transaction and fences a
         # concurrent run, so the ledger we read is final for as long as we hold the id
         _txn(producer.init_transactions, 30)
 
-    contents = read_dlq(bootstrap, dlq)
-    done = read_ledger(bootstrap, dlq)
+    contents = read_dlq(settings, dlq)
+    done = read_ledger(settings, dlq)
     selected, todo = plan(contents, flt, done, target, have)
     skipped = len(selected) - len(todo)
     if progress is not None:

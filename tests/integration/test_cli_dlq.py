@@ -16,7 +16,7 @@ import pytest
 
 from kworkers import Message, TierLadder, Worker
 from kworkers.admin import admin_client, existing_topics
-from kworkers.dlq.reader import list_dead_letters
+from kworkers.dlq.reader import read_dlq
 from kworkers.dlq.redrive import CRASH_EXIT_CODE, ledger_topic
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, read_all, unique
@@ -65,7 +65,7 @@ def test_list_table_and_json(kafka_broker: Broker, dead: DeadLetters) -> None:
     assert {r["reason"] for r in rows} == {"non_retryable"}
     assert all(r["error_type"] == dead.poison[int(r["key"][1:])] for r in rows)
     # the library call the CLI stands on
-    assert len(list_dead_letters(bs, dead.dlq)) == 4
+    assert len(read_dlq(bs, dead.dlq).dead_letters) == 4
 
 
 def test_show_one_record_in_full(kafka_broker: Broker, dead: DeadLetters) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kworkers.consumer.kafka import producer_settings
 from kworkers.idempotency import Outbox, SqliteStore
 from kworkers.idempotency.outbox import blocking_send
+from kworkers.kafka.settings import producer_settings
 from kworkers.retry_tiers.producer import KafkaSender
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, read_all, unique

@@ -211,9 +211,9 @@ def test_configmap_describes_the_config() -> None:
     assert "KWORKERS_SASL_PASSWORD" not in data
     env = {**data, "KWORKERS_SASL_USERNAME": "u", "KWORKERS_SASL_PASSWORD": "p"}
     cfg = config_from_env(env)
-    assert cfg.consumer_config == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                   "sasl.username": "u", "sasl.password": "p"}
-    assert cfg.producer_config == cfg.consumer_config
+    assert cfg.client_config == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                 "sasl.username": "u", "sasl.password": "p"}
+    assert cfg.consumer_config == cfg.producer_config == {}  # one place for every client
 
 
 def test_every_configmap_variable_is_one_kworkers_run_reads() -> None:
