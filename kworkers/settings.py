@@ -5,6 +5,13 @@ the settings differ. ``kworkers run`` reads them from three places, most specifi
 
     command-line flags  >  KWORKERS_* environment  >  the TOML file  >  the Worker's own config
 
+The operator commands (``kworkers dlq``, ``lag``, ``topics``, ``deploy render``) read the same
+places for how to reach the cluster (``client_settings``): ``--bootstrap`` and ``-X key=value``
+flags, the ``KWORKERS_*`` variables (``KWORKERS_BOOTSTRAP_SERVERS``, ``KWORKERS_SASL_*``,
+``KWORKERS_SSL_*``: ``kworkers.kafka.settings.ENV_PROPERTIES``), and a ``--config`` file, which
+is either a ``kworkers.toml`` (its ``bootstrap_servers`` and ``[client_config]``) or, for any
+other name, a client properties file as Kafka's tools take with ``--command-config``.
+
 Everything here is pure (a mapping in, a mapping or a ``WorkerConfig`` out) so the precedence
 and every parse error are unit-tested without a process or a broker. A bad value is a
 ``ConfigError`` that names where it came from (``KWORKERS_CONCURRENCY``, ``kworkers.toml:
@@ -21,12 +28,21 @@ import dataclasses
 import math
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
+from kworkers.kafka.settings import (
+    DEFAULT_BOOTSTRAP,
+    ENV_PROPERTIES,
+    ClientSettings,
+    check_properties,
+    parse_properties,
+    parse_property,
+    properties_from_env,
+)
 from kworkers.retry_tiers.tiers import TierLadder
 
 Layer = dict[str, Any]
@@ -165,15 +181,11 @@ def _optional_duration(value: object, what: str) -> float | None:
 
 
 def _client_config(value: object, what: str) -> dict[str, str | int | float | bool]:
-    """A librdkafka property table (TOML only: env and flags cannot express one well)."""
+    """A librdkafka property table (a TOML table, ``-X`` flags, or the ``KWORKERS_SASL_*``-like
+    variables of ``ENV_PROPERTIES``)."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{what}: expected a table of librdkafka properties, got {value!r}")
-    out: dict[str, str | int | float | bool] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or not isinstance(v, str | int | float | bool):
-            raise ConfigError(f"{what}: {k!r} = {v!r} is not a librdkafka property value")
-        out[k] = v
-    return out
+    return check_properties(value, what)
 
 
 #: Every setting the outside may change, with its parser. Dotted names are fields of the
@@ -201,19 +213,25 @@ FIELDS: dict[str, Callable[[object, str], Any]] = {
     "retry.non_retryable": _str_list,
     "commit.interval_s": parse_duration,
     "commit.max_completions": _int,
+    "client_config": _client_config,
     "consumer_config": _client_config,
     "producer_config": _client_config,
 }
 
-#: Settings only a TOML table can carry.
-_TABLE_ONLY = frozenset({"consumer_config", "producer_config"})
+#: Settings a table carries (``client_config`` also takes ``-X`` and security variables).
+TABLES = frozenset({"client_config", "consumer_config", "producer_config"})
 #: Settings whose layers merge key by key instead of replacing each other.
-_MERGED = _TABLE_ONLY
+_MERGED = TABLES
 
 
 def env_name(setting: str) -> str:
     """``retry.max_attempts`` -> ``KWORKERS_RETRY_MAX_ATTEMPTS``."""
     return ENV_PREFIX + setting.upper().replace(".", "_")
+
+
+def env_vars() -> frozenset[str]:
+    """Every variable ``from_env`` reads: one per setting, and the client properties'."""
+    return frozenset({env_name(n) for n in FIELDS if n not in TABLES} | set(ENV_PROPERTIES))
 
 
 # --- layers --------------------------------------------------------------------------------
@@ -227,13 +245,16 @@ def from_env(environ: Mapping[str, str]) -> Layer:
     """
     layer: Layer = {}
     for name, parse in FIELDS.items():
-        if name in _TABLE_ONLY:
+        if name in TABLES:
             continue
         var = env_name(name)
         raw = environ.get(var)
         if raw is None or raw.strip() == "":
             continue
         layer[name] = parse(raw, var)
+    client = properties_from_env(environ)
+    if client:
+        layer["client_config"] = client
     return layer
 
 
@@ -257,18 +278,47 @@ def _toml_value(layer: Layer, name: str, value: object, source: str) -> None:
     layer[name] = parse(value, f"{source}: {name}")
 
 
+def _read(p: Path) -> str:
+    try:
+        return p.read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+
+
 def load_toml(path: str | Path) -> Layer:
     """``from_toml`` of a file; a missing or malformed file is a ``ConfigError``."""
     p = Path(path)
     try:
-        text = p.read_text("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(text)
+        data = tomllib.loads(_read(p))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})") from None
     return from_toml(data, str(p))
+
+
+def load_file(path: str | Path) -> Layer:
+    """A ``--config`` file: ``kworkers.toml`` settings when its name ends in ``.toml``, else
+    client properties (``key=value`` lines, as Kafka's ``--command-config``)."""
+    p = Path(path)
+    if p.suffix == ".toml":
+        return load_toml(p)
+    return _client_layer(parse_properties(_read(p), str(p)))
+
+
+def _client_layer(props: Mapping[str, str], bootstrap: str | None = None) -> Layer:
+    """Client properties as settings: ``bootstrap.servers`` is the ``bootstrap_servers``."""
+    rest = dict(props)
+    bootstrap = bootstrap or rest.pop("bootstrap.servers", None) or None
+    rest.pop("bootstrap.servers", None)
+    layer: Layer = {"client_config": rest} if rest else {}
+    if bootstrap is not None:
+        layer["bootstrap_servers"] = _str(bootstrap, "bootstrap servers")
+    return layer
+
+
+def client_flags(bootstrap: str | None, properties: Sequence[str]) -> Layer:
+    """``--bootstrap`` and ``-X key=value`` flags as a layer (``--bootstrap`` wins over
+    ``-X bootstrap.servers``); what ``from_flags`` would make of them, parsed."""
+    return _client_layer(dict(parse_property(p) for p in properties), bootstrap)
 
 
 def from_flags(flags: Mapping[str, object]) -> Layer:
@@ -331,17 +381,30 @@ def resolve(
     config: WorkerConfig,
     flags: Mapping[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
-    toml_path: str | Path | None = None,
+    path: str | Path | None = None,
 ) -> WorkerConfig:
-    """The worker's config with the TOML file, then the environment, then flags applied."""
-    return apply(config, overrides(flags, environ, toml_path))
+    """The worker's config with the file, then the environment, then flags applied."""
+    return apply(config, overrides(flags, environ, path))
 
 
 def overrides(
     flags: Mapping[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
-    toml_path: str | Path | None = None,
+    path: str | Path | None = None,
 ) -> Layer:
-    """The merged outside settings (CLI > env > TOML), before they meet a config."""
-    file_layer = load_toml(toml_path) if toml_path is not None else {}
+    """The merged outside settings (CLI > env > file), before they meet a config."""
+    file_layer = load_file(path) if path is not None else {}
     return merge(file_layer, from_env(environ or {}), from_flags(flags or {}))
+
+
+def client_settings(
+    flags: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    path: str | Path | None = None,
+    default_bootstrap: str = DEFAULT_BOOTSTRAP,
+) -> ClientSettings:
+    """How an operator command reaches the cluster: the same flags > env > file layers as
+    ``kworkers run``, of which only ``bootstrap_servers`` and ``client_config`` matter."""
+    layer = overrides(flags, environ, path)
+    return ClientSettings.of(layer.get("bootstrap_servers", default_bootstrap),
+                             layer.get("client_config", {}))

@@ -68,7 +68,7 @@ def config_env(config: WorkerConfig) -> dict[str, str]:
     ConfigMap shows each knob an operator may turn), named as ``kworkers.settings`` reads it."""
     env: dict[str, str] = {}
     for name in settings.FIELDS:
-        if name in ("consumer_config", "producer_config"):
+        if name in settings.TABLES:
             continue
         value = _setting(config, name)
         if name == "message_timeout" and value is None:

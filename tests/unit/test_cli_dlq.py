@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from kworkers.cli_dlq import age_text, as_json, bytes_text, header_text, iso, show_lines
+from kworkers.cli.dlq_format import age_text, as_json, bytes_text, header_text, iso, show_lines
 from kworkers.dlq import DeadLetter, RedriveFilter
 from kworkers.dlq.reader import DlqContents
 from kworkers.dlq.redrive import RedriveSummary, ledger_key, ledger_topic, plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kworkers.cli_topics import plan_topics, specs
+from kworkers.cli.topics import plan_topics, specs
 from kworkers.errors import ConfigError
 from kworkers.retry_tiers.tiers import TierLadder
 

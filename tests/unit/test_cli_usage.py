@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kworkers.cli import run_cli
@@ -30,6 +32,9 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     ["run", "no_such_module_kw:worker"],
     ["run", "kworkers.settings:nothing_here"],
     ["run", "kworkers.settings:ENV_PREFIX"],               # a str, not a Worker
+    ["dlq", "list", "--dlq", "x.dlq", "-X", "no-equals-sign"],
+    ["lag", "--group", "g", "-X", "sasl.username=only-half"],  # the password is missing
+    ["topics", "plan", "--topic", "t", "--config", "/no/such/client.properties"],
     ["demo", "flaky", "--fail-rate", "2"],
     ["nosuchcommand"],
 ])
@@ -52,7 +57,8 @@ def test_run_names_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("args", [
     [], ["run"], ["topics"], ["topics", "plan"], ["topics", "create"], ["dlq"], ["dlq", "list"],
-    ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["demo"], ["demo", "flaky"],
+    ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy"], ["deploy", "render"], ["demo"],
+    ["demo", "flaky"],
 ])
 def test_help_everywhere(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
     code, out, _ = _run(capsys, *args, "--help")
@@ -63,3 +69,24 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str], args: list[str]) ->
 def test_hidden_crash_option_is_not_advertised(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = _run(capsys, "dlq", "redrive", "--help")
     assert "--crash-after" not in out and "--dry-run" in out and "--rate" in out
+
+
+OPERATOR_COMMANDS = [["run"], ["topics", "plan"], ["topics", "create"], ["dlq", "list"],
+                     ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy", "render"]]
+
+
+@pytest.mark.parametrize("args", OPERATOR_COMMANDS)
+def test_every_command_takes_client_settings(capsys: pytest.CaptureFixture[str],
+                                             args: list[str]) -> None:
+    _, out, _ = _run(capsys, *args, "--help")
+    for option in ("--bootstrap", "--config FILE", "-X KEY=VALUE", "KWORKERS_SASL_USERNAME"):
+        assert option in " ".join(out.split()), (args, option)
+
+
+def test_a_bad_client_setting_never_prints_a_secret(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("bootstrap.servers=127.0.0.1:1\nsasl.password=hunter2-secret\n")
+    code, out, err = _run(capsys, "dlq", "list", "--dlq", "x.dlq", "--config", str(props))
+    assert code == 2 and "go together" in err  # no user name: refused before any connection
+    assert "hunter2-secret" not in out + err

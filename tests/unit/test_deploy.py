@@ -217,11 +217,15 @@ def test_configmap_describes_the_config() -> None:
 
 
 def test_every_configmap_variable_is_one_kworkers_run_reads() -> None:
-    # one scheme: `kworkers run` applies kworkers.settings.from_env over the module's config
+    # one scheme: `kworkers run` applies kworkers.settings.from_env over the module's config,
+    # the SASL variables included (they become the client_config every client gets)
     data = sample()["k8s/configmap.yaml"]["data"]
+    assert set(data) <= settings.env_vars()
     layer = settings.from_env(data)
-    sasl = {"KWORKERS_SECURITY_PROTOCOL", "KWORKERS_SASL_MECHANISM"}
-    assert {settings.env_name(n) for n in layer} == set(data) - sasl
+    security = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}
+    assert layer.pop("client_config") == security
+    assert {settings.env_name(n) for n in layer} == set(data) - {
+        "KWORKERS_SECURITY_PROTOCOL", "KWORKERS_SASL_MECHANISM"}
     assert settings.apply(WorkerConfig(topics=("x",), group_id="y"), layer) == example_config()
 
 

@@ -8,14 +8,19 @@ import pytest
 
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
+from kworkers.kafka.settings import ClientSettings
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.settings import (
     apply,
+    client_flags,
+    client_settings,
     env_name,
+    env_vars,
     from_env,
     from_flags,
     from_toml,
+    load_file,
     load_toml,
     merge,
     overrides,
@@ -194,3 +199,56 @@ def test_precedence_cli_over_env_over_toml_over_worker(tmp_path: Path) -> None:
     assert cfg.retry.max_attempts == 11 and cfg.retry.initial == 2.0  # TOML over the worker's
     assert cfg.topics == ("orders",)  # the worker's own
     assert overrides() == {}
+
+
+# --- how a command reaches the cluster (the same layers for every command) -------------------
+
+
+def test_client_settings_flags_over_env_over_file(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("bootstrap.servers=file:9092\nsecurity.protocol=SASL_SSL\n"
+                     "sasl.username=file-user\nsasl.password=file-pass\nclient.id=from-file\n")
+    env = {"KWORKERS_SASL_USERNAME": "env-user", "KWORKERS_SASL_PASSWORD": "env-pass",
+           "KWORKERS_BOOTSTRAP_SERVERS": "env:9092"}
+    flags = client_flags(None, ["client.id=from-flag", "socket.timeout.ms=5000"])
+    c = client_settings(flags, env, props)
+    assert c.bootstrap_servers == "env:9092"
+    assert c.security == {"security.protocol": "SASL_SSL", "sasl.username": "env-user",
+                          "sasl.password": "env-pass", "sasl.mechanism": "PLAIN"}
+    assert c.overrides == {"client.id": "from-flag", "socket.timeout.ms": "5000"}
+    assert client_settings(client_flags("flag:1", ["bootstrap.servers=x:1"]), env,
+                           props).bootstrap_servers == "flag:1"
+    assert client_settings(client_flags(None, ["bootstrap.servers=x:1"]), env,
+                           props).bootstrap_servers == "x:1"
+    assert client_settings() == ClientSettings("127.0.0.1:9092")
+
+
+def test_a_kworkers_toml_is_a_config_file_too(tmp_path: Path) -> None:
+    toml = tmp_path / "kworkers.toml"
+    toml.write_text('bootstrap_servers = "toml:9092"\nconcurrency = 3\n'
+                    '[client_config]\n"security.protocol" = "SSL"\n"ssl.ca.location" = "/ca"\n')
+    c = client_settings(path=toml)
+    assert c == ClientSettings("toml:9092", {"security.protocol": "SSL",
+                                             "ssl.ca.location": "/ca"})
+    cfg = resolve(BASE, {}, {"KWORKERS_SASL_USERNAME": "u", "KWORKERS_SASL_PASSWORD": "p"}, toml)
+    assert cfg.concurrency == 3 and cfg.bootstrap_servers == "toml:9092"
+    assert cfg.client_config == {"security.protocol": "SSL", "ssl.ca.location": "/ca",
+                                 "sasl.username": "u", "sasl.password": "p"}
+
+
+def test_run_reads_the_security_variables() -> None:
+    env = {"KWORKERS_SECURITY_PROTOCOL": "SASL_SSL", "KWORKERS_SASL_MECHANISM": "SCRAM-SHA-256",
+           "KWORKERS_SASL_USERNAME": "u", "KWORKERS_SASL_PASSWORD": "p"}
+    cfg = resolve(BASE, None, env)
+    assert cfg.client.security == {"security.protocol": "SASL_SSL", "sasl.username": "u",
+                                   "sasl.mechanism": "SCRAM-SHA-256", "sasl.password": "p"}
+    assert set(env) <= env_vars()
+
+
+def test_a_properties_file_holds_client_properties_only(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("concurrency=4\n")  # a worker setting is not a librdkafka property...
+    assert load_file(props) == {"client_config": {"concurrency": "4"}}  # ...librdkafka says so
+    props.write_text("[retry]\nmax_attempts = 2\n")
+    with pytest.raises(ConfigError, match=r"client.properties:1: .* must end in \.toml"):
+        load_file(props)

@@ -1,4 +1,4 @@
-"""``kworkers run MODULE:WORKER``: load a worker, apply outside settings, run one or N processes.
+"""``kworkers run --processes N``: N worker processes under one parent.
 
 Why N processes and not N threads: handlers are Python, and one process's GIL caps CPU-bound
 handlers at one core; ``--processes`` is the cheap way to use the machine before scaling pods.
@@ -19,7 +19,6 @@ restarts it, instead of a pool quietly running short.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import shutil
@@ -27,97 +26,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any
 
-from kworkers import settings
-from kworkers.config import WorkerConfig
-from kworkers.errors import ConfigError
 from kworkers.metrics import MetricsServer, MultiProcessMetrics
-from kworkers.worker import Worker
 
 log = logging.getLogger("kworkers.cli")
-
-
-def load_target(spec: str) -> Worker:
-    """The ``Worker`` named by ``module:attr`` (an instance, or a zero-argument factory)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"expected MODULE:WORKER (e.g. myapp.workers:worker), got {spec!r}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)  # as `python -m` does: the current project is importable
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise ConfigError(f"cannot import module {module_name!r}: no such module "
-                              f"(from {cwd})") from None
-        raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: "
-                          f"{exc}") from None
-    except Exception as exc:
-        raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: "
-                          f"{exc}") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(obj, Worker):
-        return obj
-    if callable(obj):
-        try:
-            made = obj()
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(f"{spec}() failed: {type(exc).__name__}: {exc}") from None
-        if isinstance(made, Worker):
-            return made
-        raise ConfigError(f"{spec}() returned a {type(made).__name__}, not a kworkers.Worker")
-    raise ConfigError(f"{spec} is a {type(obj).__name__}, not a kworkers.Worker or a factory")
-
-
-def with_config(worker: Worker, config: WorkerConfig) -> Worker:
-    """A worker like ``worker`` with another config (``Worker.with_config``)."""
-    return worker.with_config(config)
-
-
-def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str],
-            config_path: str | None) -> Worker:
-    """Load, configure and pre-flight a worker: every mistake surfaces here as one line."""
-    worker = load_target(target)
-    config = settings.resolve(worker.config, flags, environ, config_path)
-    worker = with_config(worker, config)
-    worker.check_topics()  # KafkaUnreachable: one line, within ~10 s
-    return worker
-
-
-def _mark_ready(worker: Worker) -> None:
-    """Sets ``kworkers_worker_ready`` once the worker polls (a pool parent's /readyz sums it)."""
-    def wait() -> None:
-        while not worker.ready:
-            time.sleep(0.1)
-        worker.metrics.worker_ready.set(1)
-
-    threading.Thread(target=wait, name="kworkers-ready", daemon=True).start()
-
-
-def run_one(worker: Worker, metrics_port: int | None) -> int:
-    server = None
-    _mark_ready(worker)
-    if metrics_port is not None:
-        server = MetricsServer(worker.metrics, metrics_port, ready=lambda: worker.ready).start()
-        log.info("metrics on :%d (/metrics, /healthz, /readyz)", server.port)
-    try:
-        worker.run()
-    finally:
-        if server is not None:
-            server.close()
-    return 0
 
 
 def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None) -> int:

@@ -1,4 +1,4 @@
-"""``kworkers lag``: read a group's offsets and its retry tiers' backlog (the adapter half).
+"""``kworkers lag``: read a group's offsets and its retry tiers' backlog, and print them.
 
 The arithmetic is ``kworkers.lag`` (pure, KEDA's rules); this module only reads what it needs
 from the broker: latest offsets, the group's committed offsets, and for the retry tier group
@@ -9,11 +9,16 @@ to count how many are still waiting for their ``kw-due-at``. That read is bounde
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from typing import Any
 
+import click
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from rich.table import Table
 
+from kworkers.cli.options import client_options, console
 from kworkers.errors import ConfigError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import CONNECT_TIMEOUT
@@ -113,3 +118,69 @@ def read_lag(client: ClientSettings | str, group: str, names: Sequence[str],
     waiting = waiting_counts(settings, tier_rows, time.time(), limit)
     retry = group_lag(retry_group, tier_rows, reset_policy, scale_to_zero, waiting)
     return main, retry
+
+
+@click.command()
+@client_options
+@click.option("--group", "-g", required=True, help="The workers' consumer group.")
+@click.option("--topic", "-t", "names", multiple=True,
+              help="Source topic (default: the topics the group committed offsets for).")
+@click.option("--offset-reset-policy", type=click.Choice(["latest", "earliest"]),
+              default="latest", show_default=True,
+              help="KEDA's offsetResetPolicy: the lag of a partition with no commit.")
+@click.option("--scale-to-zero-on-invalid-offset", is_flag=True,
+              help="KEDA's scaleToZeroOnInvalidOffset: no commit counts as lag 0.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@click.option("--waiting-scan-limit", type=click.IntRange(min=1), default=None, hidden=True)
+def lag(client: ClientSettings, group: str, names: tuple[str, ...], offset_reset_policy: str,
+        scale_to_zero_on_invalid_offset: bool, as_json: bool,
+        waiting_scan_limit: int | None) -> int:
+    """Per-partition lag as KEDA's Kafka scaler computes it, with the retry tiers apart.
+
+    The group's lag is what KEDA scales on. The retry tier group <group>.retry is shown
+    separately, its lag split into records still waiting for their due time and records
+    due now (read from the committed offset, at most 10,000 per partition).
+    """
+    policy: ResetPolicy = "earliest" if offset_reset_policy == "earliest" else "latest"
+    main, retry = read_lag(client, group, names, policy, scale_to_zero_on_invalid_offset,
+                           waiting_scan_limit or WAITING_SCAN_LIMIT)
+
+    def rows(g: GroupLag) -> list[dict[str, Any]]:
+        return [{"topic": p.topic, "partition": p.partition, "committed": p.committed,
+                 "latest": p.latest, "lag": p.lag, "waiting": p.waiting, "due": p.due,
+                 "truncated": p.truncated} for p in g.partitions]
+
+    if as_json:
+        click.echo(json.dumps({
+            "group": main.group, "lag": main.total, "partitions": rows(main),
+            "retry_group": retry.group, "retry_lag": retry.total,
+            "retry_waiting": retry.waiting, "retry_truncated": retry.truncated,
+            "retry_partitions": rows(retry)}, indent=2))
+        return 0
+    out = console()
+    t = Table(title=f"group {main.group} (what KEDA scales on)", title_justify="left",
+              header_style="bold")
+    for col in ("topic", "partition", "committed", "latest", "lag"):
+        t.add_column(col, justify="left" if col == "topic" else "right")
+    for p in main.partitions:
+        t.add_row(p.topic, str(p.partition), "-" if p.committed is None else str(p.committed),
+                  str(p.latest), str(p.lag))
+    out.print(t)
+    out.print(f"lag group={main.group} total={main.total}")
+    if retry.partitions:
+        r = Table(title=f"retry tier group {retry.group} (not KEDA's lag)",
+                  title_justify="left", header_style="bold")
+        for col in ("topic", "partition", "committed", "latest", "lag", "waiting", "due"):
+            r.add_column(col, justify="left" if col == "topic" else "right")
+        for p in retry.partitions:
+            waiting = f"≥{p.waiting}" if p.truncated else str(p.waiting)
+            r.add_row(p.topic, str(p.partition),
+                      "-" if p.committed is None else str(p.committed), str(p.latest),
+                      str(p.lag), waiting, str(p.due))
+        out.print(r)
+        more = " (truncated: at least)" if retry.truncated else ""
+        out.print(f"retry group={retry.group} lag={retry.total} waiting={retry.waiting}"
+                  f"{more} due={retry.total - retry.waiting}")
+    else:
+        out.print(f"retry group={retry.group}: no retry tier topics found")
+    return 0

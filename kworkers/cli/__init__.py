@@ -1,0 +1,11 @@
+"""The ``kworkers`` command line (``kworkers.cli.main``); one module per command group.
+
+- ``main``: the ``kworkers`` group, one-line errors, the entry point;
+- ``options``: ``--bootstrap`` / ``--config`` / ``-X`` (one ``ClientSettings``), output;
+- ``run`` (and ``pool`` for ``--processes N``), ``topics``, ``dlq`` (``dlq_format`` prints),
+  ``lag``, ``deploy``.
+"""
+
+from kworkers.cli.main import cli, main, run_cli
+
+__all__ = ["cli", "main", "run_cli"]

@@ -1,0 +1,59 @@
+"""``kworkers deploy render``: the worker's Kubernetes and KEDA manifests, from its own config.
+
+The config is the one ``kworkers run`` would run: the worker module's, with the ``--config``
+file, the ``KWORKERS_*`` environment and the flags applied (``kworkers.settings``), so what is
+rendered is what would run. Rendering is ``kworkers.deploy``; no broker is contacted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from kworkers import settings
+from kworkers.cli.options import bootstrap_option, config_option, property_option
+
+
+@click.group()
+def deploy() -> None:
+    """Kubernetes and KEDA manifests for a worker."""
+
+
+@deploy.command("render")
+@click.argument("target", metavar="MODULE:WORKER")
+@click.option("--image", required=True, help="The worker's container image.")
+@click.option("--app", required=True, help="Name of the Deployment, ScaledObject and ConfigMap.")
+@click.option("--partitions", type=click.IntRange(min=1), required=True,
+              help="Partitions of the source topics (caps maxReplicaCount).")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None,
+              help="At most the partition count (the default).")
+@click.option("--sasl-secret", default=None, help="Secret holding SASL username/password.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write the files under this directory instead of printing them.")
+@config_option
+@bootstrap_option
+@property_option
+def deploy_render(target: str, image: str, app: str, partitions: int, namespace: str,
+                  max_replicas: int | None, sasl_secret: str | None, out_dir: str | None,
+                  config_path: str | None, bootstrap: str | None,
+                  properties: tuple[str, ...]) -> None:
+    """Render the Deployment, ConfigMap, KEDA ScaledObject (and TriggerAuthentication) from
+    the worker's own config, so the manifests never drift from the code."""
+    from kworkers.cli.run import configure
+    from kworkers.deploy import render
+
+    worker = configure(target, settings.client_flags(bootstrap, properties), os.environ,
+                       config_path)
+    files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
+                   namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret)
+    for name, text in sorted(files.items()):
+        if out_dir is None:
+            click.echo(f"# --- {name}\n{text}")
+            continue
+        path = Path(out_dir) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        click.echo(f"wrote {path}")

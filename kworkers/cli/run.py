@@ -1,0 +1,162 @@
+"""``kworkers run MODULE:WORKER``: load a worker, apply outside settings, run one or N processes.
+
+Settings come from flags, then ``KWORKERS_*`` variables, then the ``--config`` file, then the
+worker module's own config (``kworkers.settings``); the worker is checked against the cluster
+(reachable, credentials accepted, its topics there or created) before anything starts, so every
+mistake is one line. ``--processes N`` runs N of them under one parent (``kworkers.cli.pool``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from kworkers import settings
+from kworkers.cli.options import bootstrap_option, config_option, property_option, remember
+from kworkers.config import WorkerConfig
+from kworkers.errors import ConfigError
+from kworkers.metrics import MetricsServer
+from kworkers.worker import Worker
+
+log = logging.getLogger("kworkers.cli")
+
+
+def load_target(spec: str) -> Worker:
+    """The ``Worker`` named by ``module:attr`` (an instance, or a zero-argument factory)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"expected MODULE:WORKER (e.g. myapp.workers:worker), got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # as `python -m` does: the current project is importable
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise ConfigError(f"cannot import module {module_name!r}: no such module "
+                              f"(from {cwd})") from None
+        raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: "
+                          f"{exc}") from None
+    except Exception as exc:
+        raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: "
+                          f"{exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, Worker):
+        return obj
+    if callable(obj):
+        try:
+            made = obj()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"{spec}() failed: {type(exc).__name__}: {exc}") from None
+        if isinstance(made, Worker):
+            return made
+        raise ConfigError(f"{spec}() returned a {type(made).__name__}, not a kworkers.Worker")
+    raise ConfigError(f"{spec} is a {type(obj).__name__}, not a kworkers.Worker or a factory")
+
+
+def with_config(worker: Worker, config: WorkerConfig) -> Worker:
+    """A worker like ``worker`` with another config (``Worker.with_config``)."""
+    return worker.with_config(config)
+
+
+def configure(target: str, flags: Mapping[str, object], environ: Mapping[str, str],
+              config_path: str | None) -> Worker:
+    """The worker of ``target`` with the outside settings applied (no broker needed)."""
+    worker = load_target(target)
+    config = settings.resolve(worker.config, flags, environ, config_path)
+    remember(config.client)
+    return with_config(worker, config)
+
+
+def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str],
+            config_path: str | None) -> Worker:
+    """Load, configure and pre-flight a worker: every mistake surfaces here as one line."""
+    worker = configure(target, flags, environ, config_path)
+    worker.check_topics()  # KafkaUnreachable: one line, within ~10 s
+    return worker
+
+
+def _mark_ready(worker: Worker) -> None:
+    """Sets ``kworkers_worker_ready`` once the worker polls (a pool parent's /readyz sums it)."""
+    def wait() -> None:
+        while not worker.ready:
+            time.sleep(0.1)
+        worker.metrics.worker_ready.set(1)
+
+    threading.Thread(target=wait, name="kworkers-ready", daemon=True).start()
+
+
+def run_one(worker: Worker, metrics_port: int | None) -> int:
+    server = None
+    _mark_ready(worker)
+    if metrics_port is not None:
+        server = MetricsServer(worker.metrics, metrics_port, ready=lambda: worker.ready).start()
+        log.info("metrics on :%d (/metrics, /healthz, /readyz)", server.port)
+    try:
+        worker.run()
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
+@click.command()
+@click.argument("target", metavar="MODULE:WORKER")
+@click.option("--processes", "-p", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes; each is a full Worker (a member of the group).")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
+              help="Handler executions at once per process (env KWORKERS_CONCURRENCY).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve /metrics, /healthz, /readyz; process i uses PORT+i.")
+@config_option
+@bootstrap_option
+@property_option
+@click.option("--group", "group_id", default=None, help="Consumer group (env KWORKERS_GROUP_ID).")
+@click.option("--topic", "topics_", multiple=True, help="Source topic; repeat for several.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def run(target: str, processes: int, concurrency: int | None, metrics_port: int | None,
+        config_path: str | None, bootstrap: str | None, properties: tuple[str, ...],
+        group_id: str | None, topics_: tuple[str, ...], log_level: str) -> int:
+    """Run the Worker MODULE:WORKER (an instance, or a zero-argument factory returning one).
+
+    Settings: flags > KWORKERS_* environment > --config file > the Worker's own config.
+    SIGTERM or Ctrl-C drains in-flight work, commits and leaves the group; a second one
+    exits at once.
+    """
+    from kworkers.cli.pool import run_pool
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    flags: dict[str, object] = {"concurrency": concurrency, "group_id": group_id,
+                                "topics": topics_ or None,
+                                **settings.client_flags(bootstrap, properties)}
+    worker = prepare(target, flags, os.environ, config_path)
+    if processes == 1:
+        return run_one(worker, metrics_port)
+    child: list[str] = [target, "--log-level", log_level]
+    if config_path is not None:
+        child += ["--config", config_path]
+    for opt, value in (("--concurrency", concurrency), ("--bootstrap", bootstrap),
+                       ("--group", group_id)):
+        if value is not None:
+            child += [opt, str(value)]
+    for t in topics_:
+        child += ["--topic", t]
+    for prop in properties:
+        child += ["-X", prop]
+    return run_pool(child, processes, metrics_port)

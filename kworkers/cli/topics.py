@@ -1,0 +1,152 @@
+"""``kworkers topics plan|create``: the retry tier and DLQ topics a source topic needs.
+
+The plan is a pure function of what exists, so ``plan`` and ``create`` can never disagree and
+the rules are unit-tested: a source topic must exist or be created with an explicit partition
+count (guessing one would fix the key -> partition mapping forever); tiers and the DLQ get the
+source topic's partition count, so a key keeps one partition per hop; an existing topic is never
+changed (adding partitions would move keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import click
+from rich.table import Table
+
+from kworkers.admin import TopicSpec
+from kworkers.cli.options import client_options, console
+from kworkers.errors import ConfigError
+from kworkers.kafka.settings import ClientSettings
+from kworkers.retry_tiers.tiers import TierLadder
+
+DEFAULT_TIERS = "1s,5s,30s,2m,10m"
+
+Action = Literal["create", "exists"]
+
+
+@dataclass(frozen=True)
+class PlannedTopic:
+    name: str
+    role: str  # "source", "tier <label>", "dlq"
+    partitions: int
+    action: Action
+    note: str = ""
+
+
+def plan_topics(
+    existing: Mapping[str, int],
+    sources: Sequence[str],
+    ladder: TierLadder,
+    partitions: int | None,
+    bootstrap: str = "the broker",
+) -> list[PlannedTopic]:
+    """What ``topics create`` would do, topic by topic, sources first."""
+    if not sources:
+        raise ConfigError("name at least one source topic with --topic")
+    if partitions is not None and partitions < 1:
+        raise ConfigError(f"--partitions must be >= 1, got {partitions}")
+    out: list[PlannedTopic] = []
+    for src in dict.fromkeys(sources):
+        tiers = ladder.tiers(src)  # validates the name (legal, short enough for its tiers)
+        if ".retry." in src or src.endswith(".dlq"):
+            raise ConfigError(f"{src!r} is a retry tier or DLQ; name its source topic")
+        if src in existing:
+            n = existing[src]
+            note = (f"--partitions {partitions} ignored: it has {n}"
+                    if partitions is not None and partitions != n else "")
+            out.append(PlannedTopic(src, "source", n, "exists", note))
+        elif partitions is None:
+            raise ConfigError(f"topic {src!r} does not exist on {bootstrap}; "
+                              "pass --partitions N to create it")
+        else:
+            n = partitions
+            out.append(PlannedTopic(src, "source", n, "create"))
+        derived = [(t.topic, f"tier {t.label}") for t in tiers]
+        derived.append((ladder.dlq_topic(src), "dlq"))
+        for name, role in derived:
+            if name in existing:
+                have = existing[name]
+                note = f"has {have} partitions, source has {n}" if have != n else ""
+                out.append(PlannedTopic(name, role, have, "exists", note))
+            else:
+                out.append(PlannedTopic(name, role, n, "create"))
+    return out
+
+
+def specs(plan: Sequence[PlannedTopic], replication_factor: int = -1) -> list[TopicSpec]:
+    """The topics to create (``-1``: the broker's ``default.replication.factor``)."""
+    return [TopicSpec(p.name, p.partitions, replication_factor)
+            for p in plan if p.action == "create"]
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+
+@click.group()
+def topics() -> None:
+    """Create (or plan) the retry tier and DLQ topics of source topics."""
+
+
+def _topics_options(fn: Any) -> Any:
+    fn = click.option("--replication-factor", type=int, default=-1, show_default=True,
+                      help="Replicas per new topic (-1: the broker's default).")(fn)
+    fn = click.option("--partitions", type=click.IntRange(min=1), default=None,
+                      help="Create missing source topics with N partitions (tiers and the "
+                           "DLQ always get the source's count).")(fn)
+    fn = click.option("--tiers", default=DEFAULT_TIERS, show_default=True,
+                      help="Retry tier delays, shortest first (500ms, 1s, 2m, 1h).")(fn)
+    fn = click.option("--topic", "-t", "names", multiple=True, required=True,
+                      help="Source topic; repeat for several.")(fn)
+    return client_options(fn)
+
+
+def _plan(client: ClientSettings, names: Sequence[str], tiers: str,
+          partitions: int | None) -> list[PlannedTopic]:
+    from kworkers.kafka.clients import list_topics
+    from kworkers.settings import parse_tiers
+
+    ladder = parse_tiers(tiers, "--tiers")
+    return plan_topics(list_topics(client), names, ladder, partitions, client.bootstrap_servers)
+
+
+def _plan_table(plan: Sequence[PlannedTopic], title: str) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("topic", "role", "partitions", "action", "note"):
+        t.add_column(col, no_wrap=col != "note")
+    for p in plan:
+        t.add_row(p.name, p.role, str(p.partitions), p.action, p.note)
+    return t
+
+
+@topics.command("plan")
+@_topics_options
+def topics_plan(client: ClientSettings, names: tuple[str, ...], tiers: str,
+                partitions: int | None, replication_factor: int) -> int:
+    """Print the topics `topics create` would create; changes nothing."""
+    plan = _plan(client, names, tiers, partitions)
+    out = console()
+    out.print(_plan_table(plan, f"topics plan on {client.bootstrap_servers}"))
+    todo = sum(p.action == "create" for p in plan)
+    out.print(f"plan: create={todo} exists={len(plan) - todo} (nothing was changed)")
+    return 0
+
+
+@topics.command("create")
+@_topics_options
+def topics_create(client: ClientSettings, names: tuple[str, ...], tiers: str,
+                  partitions: int | None, replication_factor: int) -> int:
+    """Create missing source (with --partitions), retry tier and DLQ topics."""
+    from kworkers.admin import admin_client, create_topics
+
+    plan = _plan(client, names, tiers, partitions)
+    made = set(create_topics(admin_client(client), specs(plan, replication_factor)))
+    out = console()
+    for p in plan:
+        what = "created" if p.name in made else "exists " if p.action == "exists" else "raced  "
+        note = f"  ({p.note})" if p.note else ""
+        out.print(f"{what} {p.name} ({p.partitions} partitions, {p.role}){note}")
+    out.print(f"created={len(made)} exists={len(plan) - len(made)}")
+    return 0
