@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Annotated, Protocol
+
+Seconds = Annotated[float, "seconds"]
+"""A duration in seconds: settings read it from ``500ms``, ``1s``, ``2m``, ``1h`` or a number."""
 
 
 class Clock(Protocol):

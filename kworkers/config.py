@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kworkers.clock import Seconds
 from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import ConfigError
@@ -47,7 +48,7 @@ class WorkerConfig:
     max_in_flight: int = 20_000
     max_in_flight_per_partition: int = 5_000
     #: per-message deadline in seconds (None: no deadline); a heartbeat extends it
-    message_timeout: float | None = None
+    message_timeout: Seconds | None = None
     commit: CommitPolicy = field(default_factory=CommitPolicy)
     group_protocol: GroupProtocol = "classic"
     #: retry tiers and DLQ: failed attempts never block the partition
@@ -55,9 +56,9 @@ class WorkerConfig:
     tiers: TierLadder = field(default_factory=TierLadder)
     jitter_seed: int | None = None
     #: how long in-flight work of a revoked partition may take before its state is dropped
-    revoke_timeout: float = 10.0
+    revoke_timeout: Seconds = 10.0
     #: how long SIGTERM waits for in-flight work before committing and leaving
-    drain_timeout: float = 30.0
+    drain_timeout: Seconds = 30.0
     #: records a retry-tier consumer holds in its timer heap before pausing (the heap may
     #: overshoot this by one fetched batch, ``consume_batch``)
     delay_buffer: int = 10_000

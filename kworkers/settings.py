@@ -24,14 +24,18 @@ labels retry tier topics are named with).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from kworkers.clock import Seconds
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import (
@@ -188,40 +192,87 @@ def _client_config(value: object, what: str) -> dict[str, str | int | float | bo
     return check_properties(value, what)
 
 
-#: Every setting the outside may change, with its parser. Dotted names are fields of the
-#: nested policies (``retry``, ``commit``); ``tiers`` builds the ``TierLadder``.
-FIELDS: dict[str, Callable[[object, str], Any]] = {
-    "bootstrap_servers": _str,
-    "group_id": _str,
-    "topics": _str_list,
-    "ordering": _choice("partition", "key"),
-    "group_protocol": _choice("classic", "consumer"),
-    "concurrency": _int,
-    "max_in_flight": _int,
-    "max_in_flight_per_partition": _int,
-    "delay_buffer": _int,
-    "consume_batch": _int,
-    "message_timeout": _optional_duration,
-    "revoke_timeout": parse_duration,
-    "drain_timeout": parse_duration,
-    "jitter_seed": _any_int,
-    "tiers": parse_tiers,
-    "retry.initial": parse_duration,
-    "retry.backoff": _float,
-    "retry.max_interval": parse_duration,
-    "retry.max_attempts": _int,
-    "retry.non_retryable": _str_list,
-    "commit.interval_s": parse_duration,
-    "commit.max_completions": _int,
-    "client_config": _client_config,
-    "consumer_config": _client_config,
-    "producer_config": _client_config,
-}
+def _bool(value: object, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise ConfigError(f"{what}: expected true or false, got {value!r}")
+
+
+Parser = Callable[[object, str], Any]
+
+#: How a field's type is read from the outside (text from a variable or a flag, or a TOML
+#: value). A ``WorkerConfig`` field of a type not here is a ``TypeError`` at import: a new
+#: setting cannot be added without saying how it is read.
+_BY_TYPE: list[tuple[Any, Parser]] = [
+    (str, _str), (int, _int), (int | None, _any_int), (float, _float), (bool, _bool),
+    (Seconds, parse_duration), (Seconds | None, _optional_duration),
+    (tuple[str, ...], _str_list), (TierLadder, parse_tiers),
+]
+
+
+def _parser(tp: Any) -> Parser | None:
+    for known, parse in _BY_TYPE:
+        if tp == known:
+            return parse
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return _choice(*typing.get_args(tp))
+    if origin is collections.abc.Mapping:
+        return _client_config
+    return None
+
+
+def _policy(tp: Any) -> type[Any] | None:
+    """The dataclass of a nested policy field (``RetryPolicy``, or ``BreakerPolicy | None``)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    cls = args[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(
+        args) == 1 else tp
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+
+
+#: nested policy name -> its class (``retry`` -> ``RetryPolicy``); filled by ``_fields``
+_POLICIES: dict[str, type[Any]] = {}
+
+
+def _fields(cls: type[Any], prefix: str = "") -> dict[str, Parser]:
+    """Every init field of ``cls`` with its parser; a nested policy (a dataclass such as
+    ``RetryPolicy``) contributes its own fields as ``retry.max_attempts`` and so on. An
+    optional policy (``breaker: BreakerPolicy | None``) is switched on by setting any of its
+    fields, the others keeping their defaults."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: dict[str, Parser] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints[f.name]
+        parse = _parser(tp)
+        policy = None if parse is not None else _policy(tp)
+        if parse is not None:
+            out[prefix + f.name] = parse
+        elif policy is not None:
+            _POLICIES[prefix + f.name] = policy
+            out.update(_fields(policy, f"{prefix}{f.name}."))
+        else:
+            raise TypeError(f"kworkers.settings: no parser for {prefix}{f.name}: {tp}")
+    return out
+
+
+#: Every setting the outside may change, with its parser: derived from ``WorkerConfig`` (and
+#: its nested policies), so a new field is a new setting everywhere (TOML, KWORKERS_*, the
+#: rendered ConfigMap) with nothing to keep in step by hand.
+FIELDS: dict[str, Parser] = _fields(WorkerConfig)
 
 #: Settings a table carries (``client_config`` also takes ``-X`` and security variables).
-TABLES = frozenset({"client_config", "consumer_config", "producer_config"})
+TABLES = frozenset(n for n, p in FIELDS.items() if p is _client_config)
 #: Settings whose layers merge key by key instead of replacing each other.
 _MERGED = TABLES
+#: The nested policies (``retry``, ``commit``): a TOML table each.
+_NESTED = frozenset(n.partition(".")[0] for n in FIELDS if "." in n)
 
 
 def env_name(setting: str) -> str:
@@ -262,7 +313,7 @@ def from_toml(data: Mapping[str, Any], source: str = "kworkers.toml") -> Layer:
     """The settings of a parsed TOML document; an unknown key is an error (it is a typo)."""
     layer: Layer = {}
     for key, value in data.items():
-        if key in ("retry", "commit") and isinstance(value, Mapping):
+        if key in _NESTED and isinstance(value, Mapping):
             for sub, subvalue in value.items():
                 _toml_value(layer, f"{key}.{sub}", subvalue, source)
         else:
@@ -371,7 +422,9 @@ def apply(config: WorkerConfig, overrides: Mapping[str, Any]) -> WorkerConfig:
         else:
             top[name] = value
     for head, fields in nested.items():
-        top[head] = dataclasses.replace(getattr(config, head), **fields)
+        policy = getattr(config, head)
+        top[head] = (_POLICIES[head](**fields) if policy is None
+                     else dataclasses.replace(policy, **fields))
     if not top:
         return config
     return dataclasses.replace(config, **top)

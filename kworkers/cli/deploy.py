@@ -14,6 +14,20 @@ import click
 
 from kworkers import settings
 from kworkers.cli.options import bootstrap_option, config_option, property_option
+from kworkers.errors import ConfigError
+from kworkers.kafka.settings import env_var_of
+
+
+def _check_carried(outside: settings.Layer) -> None:
+    """What the operator gave here must reach the pods: a property without a variable of its
+    own would be rendered nowhere (the pods read the ConfigMap, not this command line)."""
+    lost = sorted(f"{table}: {key}" for table in settings.TABLES
+                  for key in outside.get(table, {})
+                  if table != "client_config" or env_var_of(key) is None)
+    if lost:
+        raise ConfigError(f"{', '.join(lost)} cannot travel in the rendered ConfigMap (only "
+                          "settings with a KWORKERS_* variable do); set them in the worker "
+                          "module's config")
 
 
 @click.group()
@@ -45,8 +59,9 @@ def deploy_render(target: str, image: str, app: str, partitions: int, namespace:
     from kworkers.cli.run import configure
     from kworkers.deploy import render
 
-    worker = configure(target, settings.client_flags(bootstrap, properties), os.environ,
-                       config_path)
+    flags = settings.client_flags(bootstrap, properties)
+    _check_carried(settings.overrides(flags, os.environ, config_path))
+    worker = configure(target, flags, os.environ, config_path)
     files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
                    namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret)
     for name, text in sorted(files.items()):

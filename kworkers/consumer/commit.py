@@ -18,6 +18,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kworkers.clock import Seconds
 from kworkers.errors import ConfigError
 
 COMMIT_RETRY_WAITS: tuple[float, ...] = (0.1, 0.2, 0.4, 0.8)
@@ -25,7 +26,7 @@ COMMIT_RETRY_WAITS: tuple[float, ...] = (0.1, 0.2, 0.4, 0.8)
 
 @dataclass(frozen=True)
 class CommitPolicy:
-    interval_s: float = 1.0
+    interval_s: Seconds = 1.0
     #: a safety valve for very high rates; the interval rules below ~1M records/s
     max_completions: int = 1_000_000
 

@@ -1,15 +1,16 @@
 """A ``WorkerConfig`` as ``KWORKERS_*`` environment variables (the ConfigMap), and back.
 
 Why environment variables: in a cluster the settings arrive through a ConfigMap (``envFrom``)
-and the SASL credentials through a Secret, so one image runs every environment. The variable
-names and their parsing are ``kworkers.settings``'s (what ``kworkers run`` applies over the
-worker module's own config), so there is one scheme, not two: ``config_env`` only writes each
-setting in a form ``settings.from_env`` reads back, and a test round-trips them.
+and the SASL credentials through a Secret, so one image runs every environment. There is one
+scheme, ``kworkers.settings``'s, read by ``kworkers run`` and by ``config_from_env`` alike:
+``config_env`` only writes each setting in a form ``settings.from_env`` reads back (a test
+round-trips them), and the client properties that have a variable of their own
+(``kworkers.kafka.settings.ENV_PROPERTIES``: ``security.protocol``, ``sasl.mechanism``,
+``ssl.*``) travel the same way.
 
-Not carried: ``consumer_config`` / ``producer_config`` (librdkafka tables; ``settings`` takes
-them from the worker module or its TOML file only), and credentials, which come from the Secret
-as ``KWORKERS_SASL_USERNAME`` / ``KWORKERS_SASL_PASSWORD`` and are turned into librdkafka's
-``sasl.*`` settings by ``sasl_settings``.
+Not carried: the librdkafka tables' other properties (they stay in the worker module's code),
+and credentials, which come from the Secret as ``KWORKERS_SASL_USERNAME`` /
+``KWORKERS_SASL_PASSWORD``: a ConfigMap never holds a secret.
 """
 
 from __future__ import annotations
@@ -22,15 +23,26 @@ from typing import Any
 from kworkers import settings
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
+from kworkers.kafka.settings import env_var_of, is_secret_key
 from kworkers.retry_tiers.tiers import TierLadder
 
 BOOTSTRAP = settings.env_name("bootstrap_servers")
 GROUP = settings.env_name("group_id")
 TOPICS = settings.env_name("topics")
-SECURITY_PROTOCOL = "KWORKERS_SECURITY_PROTOCOL"
-SASL_MECHANISM = "KWORKERS_SASL_MECHANISM"
-SASL_USERNAME = "KWORKERS_SASL_USERNAME"
-SASL_PASSWORD = "KWORKERS_SASL_PASSWORD"
+
+
+def _var(prop: str) -> str:
+    var = env_var_of(prop)
+    assert var is not None, prop
+    return var
+
+
+SECURITY_PROTOCOL = _var("security.protocol")
+SASL_MECHANISM = _var("sasl.mechanism")
+SASL_USERNAME = _var("sasl.username")
+SASL_PASSWORD = _var("sasl.password")
+#: What the Secret carries: never written into a ConfigMap.
+CREDENTIALS = frozenset({"sasl.username", "sasl.password"})
 
 
 def _num(x: float) -> str:
@@ -43,6 +55,8 @@ def _setting(config: WorkerConfig, name: str) -> Any:
     if not dot:
         return getattr(config, name)
     policy = getattr(config, head)
+    if policy is None:  # an optional policy switched off (the breaker): nothing to write
+        return None
     if head == "retry":  # zero means "default" in a RetryPolicy; write what it means
         policy = policy.normalized()
     return getattr(policy, field)
@@ -57,10 +71,17 @@ def _text(value: Any) -> str | None:
     if isinstance(value, tuple):
         return ",".join(value) or None
     if isinstance(value, bool):
-        raise TypeError("no boolean settings are expected")
+        return "true" if value else "false"
     if isinstance(value, float):
         return _num(value)
     return str(value)
+
+
+def carried_client_properties(config: WorkerConfig) -> dict[str, str]:
+    """The worker's shared client properties a variable carries, credentials and secrets
+    left out (those come from the Secret)."""
+    return {_var(k): _text(v) or "" for k, v in config.client_config.items()
+            if env_var_of(k) is not None and k not in CREDENTIALS and not is_secret_key(k)}
 
 
 def config_env(config: WorkerConfig) -> dict[str, str]:
@@ -77,13 +98,15 @@ def config_env(config: WorkerConfig) -> dict[str, str]:
             text = _text(value)
         if text is not None:
             env[settings.env_name(name)] = text
+    env.update(carried_client_properties(config))
     return env
 
 
 def config_from_env(env: Mapping[str, str] | None = None, base: WorkerConfig | None = None,
                     **overrides: Any) -> WorkerConfig:
     """The ``WorkerConfig`` the ``KWORKERS_*`` variables describe (``os.environ`` by default),
-    over ``base`` when given; SASL variables become the client's ``sasl.*`` settings.
+    over ``base`` when given: exactly what ``kworkers run`` applies (``settings.from_env``),
+    the SASL and TLS variables included.
 
     ``overrides`` are ``WorkerConfig`` fields that win over everything. Without a ``base``,
     ``KWORKERS_TOPICS`` and ``KWORKERS_GROUP_ID`` are required (unless overridden).
@@ -99,23 +122,4 @@ def config_from_env(env: Mapping[str, str] | None = None, base: WorkerConfig | N
             raise ConfigError(f"{GROUP}: no consumer group")
         base = WorkerConfig(topics=topics, group_id=group)
     config = settings.apply(base, layer)
-    security = sasl_settings(env)
-    if security:
-        config = dataclasses.replace(config, client_config={**config.client_config, **security})
     return dataclasses.replace(config, **overrides) if overrides else config
-
-
-def sasl_settings(env: Mapping[str, str]) -> dict[str, str]:
-    """librdkafka security settings from the SASL variables (empty when none are set)."""
-    user, password = env.get(SASL_USERNAME, ""), env.get(SASL_PASSWORD, "")
-    protocol = env.get(SECURITY_PROTOCOL, "")
-    if not (user or password):
-        return {"security.protocol": protocol} if protocol else {}
-    if not (user and password):
-        raise ConfigError(f"{SASL_USERNAME} and {SASL_PASSWORD} go together; only one is set")
-    return {
-        "security.protocol": protocol or "SASL_PLAINTEXT",
-        "sasl.mechanism": env.get(SASL_MECHANISM) or "PLAIN",
-        "sasl.username": user,
-        "sasl.password": password,
-    }

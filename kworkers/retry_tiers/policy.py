@@ -16,6 +16,8 @@ import random
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from kworkers.clock import Seconds
+
 DEFAULT_INITIAL = 1.0
 DEFAULT_BACKOFF = 2.0
 DEFAULT_MAX_INTERVAL = 60.0
@@ -36,9 +38,9 @@ class RetryPolicy:
     DLQ after one attempt, for errors the handler cannot or does not mark itself.
     """
 
-    initial: float = DEFAULT_INITIAL
+    initial: Seconds = DEFAULT_INITIAL
     backoff: float = DEFAULT_BACKOFF
-    max_interval: float = DEFAULT_MAX_INTERVAL
+    max_interval: Seconds = DEFAULT_MAX_INTERVAL
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     non_retryable: tuple[str, ...] = ()
 

@@ -7,6 +7,7 @@ a broker somebody else runs), so these tests run even when ``KWORKERS_BOOTSTRAP`
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,10 +16,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
-from kworkers import Message, Worker
-from kworkers.testing.broker import Broker, ContainerBroker, ProcessBroker, default_image
-from kworkers.testing.workload import make_topic, produce_numbered, read_all, unique
+from kworkers import Message, TierLadder, Worker, WorkerConfig
+from kworkers.deploy import render
+from kworkers.testing.broker import (
+    Broker,
+    ContainerBroker,
+    ProcessBroker,
+    default_image,
+    free_port,
+)
+from kworkers.testing.workload import (
+    committed_total,
+    make_topic,
+    produce_numbered,
+    read_all,
+    unique,
+)
 from tests.integration.conftest import running, wait_for
 from tests.integration.test_cli_support import DeadLetters, make_dead_letters
 
@@ -191,3 +206,75 @@ def test_every_operator_command_refuses_wrong_credentials_in_one_line(
             f"kworkers: error: cannot reach Kafka at {sasl_cluster.sasl} (authentication "
             "failed"), (cmd, args, err)
         assert WRONG not in out + err and SECRET not in out + err
+
+
+# --- a worker started the way the rendered Deployment starts it ------------------------------
+
+
+def _pod(files: dict[str, str], secret: dict[str, str] | None
+         ) -> tuple[list[str], dict[str, str]]:
+    """The container's command line and environment as the kubelet builds them from the
+    rendered Deployment, its ConfigMap (``envFrom``) and the Secret (``secretKeyRef``;
+    ``None``: the Secret's variables are missing)."""
+    dep = yaml.safe_load(files["k8s/deployment.yaml"])
+    cm = yaml.safe_load(files["k8s/configmap.yaml"])
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for src in c["envFrom"]:
+        assert src["configMapRef"]["name"] == cm["metadata"]["name"]
+        env.update(cm["data"])
+    for var in c.get("env", []):
+        if secret is not None:
+            env[var["name"]] = secret[var["valueFrom"]["secretKeyRef"]["key"]]
+    return [*c["command"], *c["args"]], env
+
+
+def _start_pod(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """The image's entry point is the installed ``kworkers`` script; here the package under
+    test stands in for the image's installed one (PYTHONPATH), and nothing else is set."""
+    bin_dir = str(Path(sys.executable).parent)
+    assert (Path(bin_dir) / command[0]).exists(), f"no {command[0]} script in {bin_dir}"
+    return subprocess.Popen(command, cwd="/", text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={
+                                "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": ROOT, **env})
+
+
+def test_the_rendered_deployment_reaches_a_sasl_cluster(sasl_cluster: SaslCluster) -> None:
+    plain = sasl_cluster.plain
+    topic = make_topic(plain, unique("deploy"), 2)
+    config = WorkerConfig(topics=(topic,), group_id=unique("pods"),
+                          bootstrap_servers=sasl_cluster.sasl, tiers=TierLadder((0.5,)),
+                          drain_timeout=5, revoke_timeout=5)
+    for name in (*config.tier_topics(), *config.dlq_topics()):
+        make_topic(plain, name, 2)
+    produce_numbered(plain, topic, 20)
+    files = render(config, image="kworkers/worker:test", app="orders", partitions=2,
+                   module="kworkers.deploy.example:worker", metrics_port=free_port(),
+                   sasl_secret="orders-kafka-sasl")
+    command, env = _pod(files, {"username": "alice", "password": SECRET})
+    assert command[:2] == ["kworkers", "run"] and "KWORKERS_SASL_PASSWORD" in env
+
+    pod = _start_pod(command, env)
+    try:
+        wait_for(lambda: pod.poll() is not None
+                 or committed_total(plain, config.group_id, topic, 2) == 20, 120,
+                 "the pod to consume and commit all 20 records")
+        assert pod.poll() is None, pod.communicate()[1][-3000:]
+    finally:
+        if pod.poll() is None:
+            pod.send_signal(signal.SIGTERM)
+        _out, err = pod.communicate(timeout=120)  # bounds a hang only
+    assert pod.returncode == 0, err[-3000:]
+    assert SECRET not in _out + err
+    # read back through the plain listener: every record committed by the pod's group
+    assert committed_total(plain, config.group_id, topic, 2) == 20
+
+    # canaries: the same pod without the Secret's variables, or with a wrong password, fails
+    # in one line and never starts consuming
+    for secret, why in ((None, "cannot reach Kafka at"),
+                        ({"username": "alice", "password": WRONG}, "authentication failed")):
+        command, env = _pod(files, secret)
+        out, err = _start_pod(command, env).communicate(timeout=120)
+        errors = [line for line in err.splitlines() if line.startswith("kworkers: error:")]
+        assert len(errors) == 1 and why in errors[0], err[-3000:]
+        assert WRONG not in out + err

@@ -294,3 +294,56 @@ def test_dump_nested_structures() -> None:
     text = dump(obj, "top\nsecond")
     assert text.startswith("# top\n# second\n")
     assert yaml.safe_load(text) == obj
+
+
+# --- the client settings travel with the manifests, the secrets never -----------------------
+
+SCRAM_TLS = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+             "ssl.ca.location": "/etc/kafka/ca.pem"}
+
+
+def test_security_settings_travel_in_the_configmap_and_the_triggers() -> None:
+    cfg = dataclasses.replace(example_config(), client_config=SCRAM_TLS)
+    objs = manifests(cfg, **EXAMPLE_ARGS)
+    data = objs["k8s/configmap.yaml"]["data"]
+    assert data["KWORKERS_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert data["KWORKERS_SASL_MECHANISM"] == "SCRAM-SHA-512"
+    assert data["KWORKERS_SSL_CA_LOCATION"] == "/etc/kafka/ca.pem"
+    for t in objs["keda/scaledobject.yaml"]["spec"]["triggers"]:
+        assert t["metadata"]["sasl"] == "scram_sha512" and t["metadata"]["tls"] == "enable"
+        assert keda_problems(objs["keda/scaledobject.yaml"]) == []
+    # what the pods read back is what was rendered, credentials from the Secret on top
+    env = {**data, "KWORKERS_SASL_USERNAME": "u", "KWORKERS_SASL_PASSWORD": "p"}
+    back = config_from_env(env)
+    assert back.client_config == {**SCRAM_TLS, "sasl.username": "u", "sasl.password": "p"}
+    assert settings.resolve(example_config(), None, env).client == back.client
+
+
+@pytest.mark.parametrize(("client", "secret", "match"), [
+    ({"sasl.username": "u", "sasl.password": "p"}, None, "pass sasl_secret"),
+    ({"ssl.key.password": "k"}, None, "cannot carry"),
+    ({"sasl.username": "u", "sasl.password": "p", "ssl.key.password": "k"}, "s", "cannot carry"),
+])
+def test_a_secret_is_never_rendered_nor_silently_dropped(client: dict[str, str],
+                                                         secret: str | None,
+                                                         match: str) -> None:
+    cfg = dataclasses.replace(example_config(), client_config=client)
+    with pytest.raises(ConfigError, match=match) as e:
+        render(cfg, **{**EXAMPLE_ARGS, "sasl_secret": secret})
+    assert "'p'" not in str(e.value) and "'k'" not in str(e.value)
+    if secret is None and "sasl.username" in client:  # with the Secret, the pods get them
+        files = render(cfg, **EXAMPLE_ARGS)
+        assert not any("KWORKERS_SASL_PASSWORD: " in t or ": p\n" in t for t in files.values())
+
+
+def test_every_worker_config_field_travels_the_configmap() -> None:
+    # the settings are derived from WorkerConfig: a field added there (handoff_limit, the
+    # optional breaker) is a KWORKERS_* variable with nothing kept in step by hand
+    from kworkers.consumer.breaker import BreakerPolicy
+
+    cfg = WorkerConfig(topics=("t",), group_id="g", handoff_limit=77,
+                       breaker=BreakerPolicy(min_attempts=7, cooldown_s=2.5))
+    env = config_env(cfg)
+    assert env["KWORKERS_HANDOFF_LIMIT"] == "77" and env["KWORKERS_BREAKER_MIN_ATTEMPTS"] == "7"
+    assert config_from_env(env) == cfg
+    assert not any(k.startswith("KWORKERS_BREAKER_") for k in config_env(example_config()))
