@@ -6,31 +6,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kworkers.errors import ConfigError
 from kworkers.kafka.clients import admin as admin_client
+from kworkers.topic_plan import TopicSpec
 
 __all__ = ["TopicSpec", "admin_client", "create_topics", "delete_topics", "existing_topics"]
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    name: str
-    partitions: int = 6
-    replication_factor: int = 1
-    config: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.name or len(self.name) > 249:
-            raise ConfigError(f"invalid topic name {self.name!r}")
-        if self.partitions < 1:
-            raise ConfigError(f"topic {self.name}: partitions must be >= 1, got {self.partitions}")
 
 
 def existing_topics(admin: AdminClient, timeout: float = 10.0) -> dict[str, int]:

@@ -68,6 +68,9 @@ class WorkerConfig:
     handoff_limit: int = 10_000
     #: a circuit breaker that stops starting records while a dependency is down (None: off)
     breaker: BreakerPolicy | None = None
+    #: create missing retry tier and DLQ topics at start (sized like their source topic) when
+    #: the cluster lets the worker; off: they must exist (``kworkers topics create``)
+    auto_create_topics: bool = True
     #: librdkafka properties of every client the worker makes (its consumers, hand-off
     #: producer and admin client): security.*, sasl.*, ssl.* and any shared override
     client_config: Mapping[str, Prop] = field(default_factory=dict, repr=False)

@@ -12,10 +12,12 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from queue import SimpleQueue
 from types import FrameType
 from typing import Any, TypeVar
+
+from confluent_kafka import KafkaException
 
 from kworkers.activity import ActivityInvoker
 from kworkers.admin import TopicSpec, create_topics
@@ -39,6 +41,7 @@ from kworkers.retry_tiers.policy import JitterSource, SeededJitter
 from kworkers.retry_tiers.producer import KafkaSender, classify_send_error
 from kworkers.retry_tiers.router import FailureRouter, Sender
 from kworkers.supervision import Fault, Supervisor
+from kworkers.topic_plan import plan_topics, specs
 
 log = logging.getLogger("kworkers.worker")
 H = TypeVar("H", bound=Callable[..., Any])
@@ -158,14 +161,44 @@ class Worker:
         return create_topics(clients.admin(self.config.client), self.topic_specs(partitions))
 
     def check_topics(self) -> None:
+        """``ConfigError`` unless every topic the worker reads or writes exists."""
+        self._require_topics(clients.list_topics(self.config.client))
+
+    def prepare_topics(self) -> list[str]:
+        """``run``'s pre-flight: with ``auto_create_topics``, creates the missing retry tier
+        and DLQ topics of the source topics that exist, sized like them (as ``kworkers topics
+        create`` would), then checks every topic is there; returns the topics it created.
+
+        A cluster that refuses (ACLs, a create policy) leaves the topics missing, and the
+        error says so; a missing source topic is never created (its partition count is a
+        decision, not a default).
+        """
         cfg = self.config
         have = clients.list_topics(cfg.client)  # KafkaUnreachable: one line, no secret
+        sources = [t for t in cfg.topics if t in have]
+        todo = specs(plan_topics(have, sources, cfg.tiers, None)) if sources else []
+        if not (cfg.auto_create_topics and todo):
+            self._require_topics(have)
+            return []
+        try:
+            created = create_topics(clients.admin(cfg.client), todo)
+        except KafkaException as exc:
+            self._require_topics(clients.list_topics(cfg.client),
+                                 f" (creating them was refused: {clients.reason(exc)})")
+            return []
+        if created:
+            log.info("created topics %s", ", ".join(created))
+        self._require_topics(clients.list_topics(cfg.client))
+        return created
+
+    def _require_topics(self, have: Collection[str], note: str = "") -> None:
+        cfg = self.config
         need = [*cfg.topics, *cfg.tier_topics(), *cfg.dlq_topics()]
         missing = [t for t in need if t not in have]
         if missing:
             raise ConfigError(
                 f"topics missing on {cfg.bootstrap_servers}: {', '.join(missing)}; create them "
-                "with `kworkers topics create` or Worker.create_topics()")
+                f"with `kworkers topics create` or Worker.create_topics(){note}")
 
     def run(self, install_signals: bool = True) -> None:
         """Blocks until SIGTERM/SIGINT or ``stop()``; returns after a clean leave.
@@ -177,7 +210,7 @@ class Worker:
         if self._handler is None:
             raise ConfigError("no handler registered: decorate a function with @worker.handler")
         if self._consumer is None:  # an injected consumer brings its own topics
-            self.check_topics()
+            self.prepare_topics()
         cfg = self.config
         handler = self._handler
         sup = self.supervisor

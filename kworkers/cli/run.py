@@ -86,7 +86,7 @@ def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str]
             config_path: str | None) -> Worker:
     """Load, configure and pre-flight a worker: every mistake surfaces here as one line."""
     worker = configure(target, flags, environ, config_path)
-    worker.check_topics()  # KafkaUnreachable: one line, within ~10 s
+    worker.prepare_topics()  # KafkaUnreachable: one line, within ~10 s
     return worker
 
 
@@ -135,8 +135,9 @@ def run(target: str, processes: int, concurrency: int | None, metrics_port: int 
     """Run the Worker MODULE:WORKER (an instance, or a zero-argument factory returning one).
 
     Settings: flags > KWORKERS_* environment > --config file > the Worker's own config.
-    SIGTERM or Ctrl-C drains in-flight work, commits and leaves the group; a second one
-    exits at once.
+    Missing retry tier and DLQ topics are created, sized like their source topic (set
+    KWORKERS_AUTO_CREATE_TOPICS=false to require them instead). SIGTERM or Ctrl-C drains
+    in-flight work, commits and leaves the group; a second one exits at once.
     """
     from kworkers.cli.pool import run_pool
 

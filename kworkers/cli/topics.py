@@ -1,88 +1,22 @@
 """``kworkers topics plan|create``: the retry tier and DLQ topics a source topic needs.
 
-The plan is a pure function of what exists, so ``plan`` and ``create`` can never disagree and
-the rules are unit-tested: a source topic must exist or be created with an explicit partition
-count (guessing one would fix the key -> partition mapping forever); tiers and the DLQ get the
-source topic's partition count, so a key keeps one partition per hop; an existing topic is never
-changed (adding partitions would move keys).
+The plan is ``kworkers.topic_plan`` (pure, shared with a worker's own pre-flight), so ``plan``
+and ``create`` can never disagree; this module reads what exists and prints or creates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import click
 from rich.table import Table
 
-from kworkers.admin import TopicSpec
 from kworkers.cli.options import client_options, console
-from kworkers.errors import ConfigError
 from kworkers.kafka.settings import ClientSettings
-from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.topic_plan import PlannedTopic, plan_topics, specs
 
 DEFAULT_TIERS = "1s,5s,30s,2m,10m"
-
-Action = Literal["create", "exists"]
-
-
-@dataclass(frozen=True)
-class PlannedTopic:
-    name: str
-    role: str  # "source", "tier <label>", "dlq"
-    partitions: int
-    action: Action
-    note: str = ""
-
-
-def plan_topics(
-    existing: Mapping[str, int],
-    sources: Sequence[str],
-    ladder: TierLadder,
-    partitions: int | None,
-    bootstrap: str = "the broker",
-) -> list[PlannedTopic]:
-    """What ``topics create`` would do, topic by topic, sources first."""
-    if not sources:
-        raise ConfigError("name at least one source topic with --topic")
-    if partitions is not None and partitions < 1:
-        raise ConfigError(f"--partitions must be >= 1, got {partitions}")
-    out: list[PlannedTopic] = []
-    for src in dict.fromkeys(sources):
-        tiers = ladder.tiers(src)  # validates the name (legal, short enough for its tiers)
-        if ".retry." in src or src.endswith(".dlq"):
-            raise ConfigError(f"{src!r} is a retry tier or DLQ; name its source topic")
-        if src in existing:
-            n = existing[src]
-            note = (f"--partitions {partitions} ignored: it has {n}"
-                    if partitions is not None and partitions != n else "")
-            out.append(PlannedTopic(src, "source", n, "exists", note))
-        elif partitions is None:
-            raise ConfigError(f"topic {src!r} does not exist on {bootstrap}; "
-                              "pass --partitions N to create it")
-        else:
-            n = partitions
-            out.append(PlannedTopic(src, "source", n, "create"))
-        derived = [(t.topic, f"tier {t.label}") for t in tiers]
-        derived.append((ladder.dlq_topic(src), "dlq"))
-        for name, role in derived:
-            if name in existing:
-                have = existing[name]
-                note = f"has {have} partitions, source has {n}" if have != n else ""
-                out.append(PlannedTopic(name, role, have, "exists", note))
-            else:
-                out.append(PlannedTopic(name, role, n, "create"))
-    return out
-
-
-def specs(plan: Sequence[PlannedTopic], replication_factor: int = -1) -> list[TopicSpec]:
-    """The topics to create (``-1``: the broker's ``default.replication.factor``)."""
-    return [TopicSpec(p.name, p.partitions, replication_factor)
-            for p in plan if p.action == "create"]
-
-
-# --- the commands ------------------------------------------------------------------------------
 
 
 @click.group()

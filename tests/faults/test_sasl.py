@@ -17,8 +17,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 
-from kworkers import Message, TierLadder, Worker, WorkerConfig
+from kworkers import ConfigError, Message, TierLadder, Worker, WorkerConfig
+from kworkers.admin import admin_client, existing_topics
 from kworkers.deploy import render
 from kworkers.testing.broker import (
     Broker,
@@ -278,3 +286,75 @@ def test_the_rendered_deployment_reaches_a_sasl_cluster(sasl_cluster: SaslCluste
         errors = [line for line in err.splitlines() if line.startswith("kworkers: error:")]
         assert len(errors) == 1 and why in errors[0], err[-3000:]
         assert WRONG not in out + err
+
+
+# --- a worker creates its missing tier and DLQ topics, where the cluster lets it -------------
+
+
+def _grant(plain: str, prefix: str, *ops: AclOperation) -> None:
+    """bob may do ``ops`` on every topic and group whose name starts with ``prefix``."""
+    bindings = [AclBinding(kind, prefix, ResourcePatternType.PREFIXED, "User:bob", "*", op,
+                           AclPermissionType.ALLOW)
+                for kind, kind_ops in ((ResourceType.TOPIC, ops),
+                                       (ResourceType.GROUP, (AclOperation.READ,)))
+                for op in kind_ops]
+    for fut in admin_client(plain).create_acls(bindings).values():
+        fut.result(30)
+
+
+def _derived(config: WorkerConfig) -> set[str]:
+    return {*config.tier_topics(), *config.dlq_topics()}
+
+
+def test_a_worker_creates_its_missing_topics_sized_like_the_source(
+        sasl_cluster: SaslCluster) -> None:
+    plain = sasl_cluster.plain
+    topic = make_topic(plain, unique("auto"), 3)
+    produce_numbered(plain, topic, 10)
+    w = Worker(topics=[topic], group_id=unique("g"), bootstrap_servers=sasl_cluster.sasl,
+               client_config=sasl(SECRET), tiers=TierLadder((0.5, 2.0)))
+    assert not _derived(w.config) & set(existing_topics(admin_client(plain)))
+    seen: set[bytes] = set()
+    w.handler(lambda msg: seen.add(msg.value or b""))
+    with running(w):
+        wait_for(lambda: len(seen) == 10, 60, "10 records")
+    have = existing_topics(admin_client(plain))  # read back through the plain listener
+    assert {t: have.get(t) for t in _derived(w.config)} == dict.fromkeys(_derived(w.config), 3)
+
+    # switched off, a missing tier is today's error, and nothing is created
+    off = Worker(topics=[make_topic(plain, unique("off"), 2)], group_id=unique("g"),
+                 bootstrap_servers=sasl_cluster.sasl, client_config=sasl(SECRET),
+                 auto_create_topics=False)
+    off.handler(lambda msg: None)
+    with pytest.raises(ConfigError, match=r"^topics missing on .*kworkers topics create"):
+        off.run(install_signals=False)
+    assert not _derived(off.config) & set(existing_topics(admin_client(plain)))
+
+
+def test_where_acls_refuse_creation_the_error_stays_clear(sasl_cluster: SaslCluster) -> None:
+    plain, prefix = sasl_cluster.plain, unique("acl")
+    topic = make_topic(plain, f"{prefix}-src", 2)
+    _grant(plain, prefix, AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE)
+    w = Worker(topics=[topic], group_id=f"{prefix}-g", bootstrap_servers=sasl_cluster.sasl,
+               client_config=sasl(BOB_SECRET, "bob"), tiers=TierLadder((1.0,)))
+    w.handler(lambda msg: None)
+    with pytest.raises(ConfigError) as refused:
+        w.run(install_signals=False)
+    assert str(refused.value).startswith(f"topics missing on {sasl_cluster.sasl}: ")
+    assert "creating them was refused" in str(refused.value)
+    assert BOB_SECRET not in str(refused.value)
+    assert not _derived(w.config) & set(existing_topics(admin_client(plain)))
+
+    # canary: the same worker, once bob may create topics, creates them (so it was the ACL)
+    _grant(plain, prefix, AclOperation.CREATE)
+    made: list[str] = []
+
+    def creates() -> bool:
+        try:
+            made.extend(w.prepare_topics())
+        except ConfigError:  # ACLs reach the authorizer through the metadata log
+            return False
+        return True
+
+    wait_for(creates, 30, "bob to be allowed to create topics")
+    assert set(made) == _derived(w.config)

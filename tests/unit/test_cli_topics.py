@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kworkers.cli.topics import plan_topics, specs
 from kworkers.errors import ConfigError
 from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.topic_plan import plan_topics, specs
 
 LADDER = TierLadder((1.0, 30.0))
 

@@ -341,9 +341,10 @@ def test_every_worker_config_field_travels_the_configmap() -> None:
     # optional breaker) is a KWORKERS_* variable with nothing kept in step by hand
     from kworkers.consumer.breaker import BreakerPolicy
 
-    cfg = WorkerConfig(topics=("t",), group_id="g", handoff_limit=77,
+    cfg = WorkerConfig(topics=("t",), group_id="g", handoff_limit=77, auto_create_topics=False,
                        breaker=BreakerPolicy(min_attempts=7, cooldown_s=2.5))
     env = config_env(cfg)
     assert env["KWORKERS_HANDOFF_LIMIT"] == "77" and env["KWORKERS_BREAKER_MIN_ATTEMPTS"] == "7"
+    assert env["KWORKERS_AUTO_CREATE_TOPICS"] == "false"
     assert config_from_env(env) == cfg
     assert not any(k.startswith("KWORKERS_BREAKER_") for k in config_env(example_config()))
