@@ -17,6 +17,7 @@ from kworkers.errors import ConfigError
 from kworkers.kafka.settings import ClientSettings, Prop, is_security_key
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.topic_names import is_derived, retry_group
 
 Ordering = Literal["partition", "key"]
 GroupProtocol = Literal["classic", "consumer"]
@@ -85,7 +86,7 @@ class WorkerConfig:
         if not topics or any(not t or not isinstance(t, str) for t in topics):
             raise ConfigError(f"topics: need at least one non-empty topic name, got {topics!r}")
         for t in topics:
-            if ".retry." in t or t.endswith(".dlq"):
+            if is_derived(t):
                 raise ConfigError(f"topics: {t!r} is a retry tier or DLQ; name the source topic")
         if not self.group_id:
             raise ConfigError("group_id: must not be empty")
@@ -156,7 +157,7 @@ class WorkerConfig:
     @property
     def retry_group_id(self) -> str:
         """Tier topics have a group of their own, so waiting retries never count as main lag."""
-        return f"{self.group_id}.retry"
+        return retry_group(self.group_id)
 
     def tier_topics(self) -> tuple[str, ...]:
         return tuple(t.topic for src in self.topics for t in self.tiers.tiers(src))

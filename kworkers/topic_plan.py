@@ -16,6 +16,7 @@ from typing import Literal
 
 from kworkers.errors import ConfigError
 from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.topic_names import is_derived
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def plan_topics(
     out: list[PlannedTopic] = []
     for src in dict.fromkeys(sources):
         tiers = ladder.tiers(src)  # validates the name (legal, short enough for its tiers)
-        if ".retry." in src or src.endswith(".dlq"):
+        if is_derived(src):
             raise ConfigError(f"{src!r} is a retry tier or DLQ; name its source topic")
         if src in existing:
             n = existing[src]

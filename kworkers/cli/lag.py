@@ -26,7 +26,7 @@ from kworkers.kafka.reader import scan
 from kworkers.kafka.settings import ClientSettings, as_client
 from kworkers.lag import WAITING_SCAN_LIMIT, GroupLag, ResetPolicy, count_waiting, group_lag
 from kworkers.retry_tiers.headers import HeaderError, due_at_of
-from kworkers.retry_tiers.tiers import source_topic_of
+from kworkers.topic_names import is_tier_topic, retry_group, source_topic_of
 
 Row = tuple[str, int, int, int | None]
 
@@ -68,8 +68,7 @@ def tier_topics_of(sources: Sequence[str], have: dict[str, int]) -> list[str]:
     """The retry tier topics of ``sources`` that exist (found by name, whatever the ladder)."""
     wanted = set(sources)
     return sorted(t for t in have
-                  if ".retry." in t and not t.endswith(".dlq") and t not in wanted
-                  and source_topic_of(t) in wanted)
+                  if is_tier_topic(t) and t not in wanted and source_topic_of(t) in wanted)
 
 
 def waiting_counts(client: ClientSettings | str, rows: Sequence[Row], now: float,
@@ -113,10 +112,10 @@ def read_lag(client: ClientSettings | str, group: str, names: Sequence[str],
             raise ConfigError(f"topic {t!r} does not exist on {settings.bootstrap_servers}")
     main = group_lag(group, offsets(settings, group, sources, have), reset_policy,
                      scale_to_zero)
-    retry_group = f"{group}.retry"
-    tier_rows = offsets(settings, retry_group, tier_topics_of(sources, have), have)
+    tier_group = retry_group(group)
+    tier_rows = offsets(settings, tier_group, tier_topics_of(sources, have), have)
     waiting = waiting_counts(settings, tier_rows, time.time(), limit)
-    retry = group_lag(retry_group, tier_rows, reset_policy, scale_to_zero, waiting)
+    retry = group_lag(tier_group, tier_rows, reset_policy, scale_to_zero, waiting)
     return main, retry
 
 

@@ -46,6 +46,7 @@ from kworkers.kafka.reader import scan
 from kworkers.kafka.settings import ClientSettings, as_client
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import redrive_headers
+from kworkers.topic_names import ledger_topic
 
 #: Dead letters per transaction: large enough to amortise the commit round trip, small enough
 #: that a crash costs little to redo.
@@ -60,11 +61,6 @@ Progress = Callable[[int, int], None]
 
 class RedriveError(KworkersError):
     """The redrive stopped: a transaction failed for good (fenced, or the broker refused)."""
-
-
-def ledger_topic(dlq: str) -> str:
-    """Where a redrive writes down what it replayed: ``<dlq>.redriven``."""
-    return f"{dlq}.redriven"
 
 
 def ledger_key(d: DeadLetter) -> str:

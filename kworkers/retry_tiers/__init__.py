@@ -36,7 +36,8 @@ from kworkers.retry_tiers.routing import (
     RetryDecision,
     route,
 )
-from kworkers.retry_tiers.tiers import Tier, TierLadder, source_topic_of
+from kworkers.retry_tiers.tiers import Tier, TierLadder
+from kworkers.topic_names import source_topic_of
 
 __all__ = [
     "MAX_ERROR_MESSAGE",

@@ -17,9 +17,10 @@ import pytest
 from kworkers import Message, TierLadder, Worker
 from kworkers.admin import admin_client, existing_topics
 from kworkers.dlq.reader import read_dlq
-from kworkers.dlq.redrive import CRASH_EXIT_CODE, ledger_topic
+from kworkers.dlq.redrive import CRASH_EXIT_CODE
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, read_all, unique
+from kworkers.topic_names import ledger_topic
 from tests.integration.conftest import running, wait_for
 from tests.integration.test_cli_support import DeadLetters, cli, make_dead_letters, one_error_line
 

@@ -10,10 +10,11 @@ import pytest
 from kworkers.cli.dlq_format import age_text, as_json, bytes_text, header_text, iso, show_lines
 from kworkers.dlq import DeadLetter, RedriveFilter
 from kworkers.dlq.reader import DlqContents
-from kworkers.dlq.redrive import RedriveSummary, ledger_key, ledger_topic, plan
+from kworkers.dlq.redrive import RedriveSummary, ledger_key, plan
 from kworkers.envelope import ActivityTask, SingleObjectCodec
 from kworkers.errors import ConfigError
 from kworkers.message import Message
+from kworkers.topic_names import ledger_topic
 
 DEAD = DeadLetter(
     dlq_topic="orders.dlq", dlq_partition=1, dlq_offset=7, original_topic="orders",

@@ -1,0 +1,95 @@
+"""Every topic and group name kworkers derives, built and read back in this one module.
+
+    <topic>.retry.<label>   a retry tier of source topic <topic> (label: 500ms, 1s, 2m, 1h)
+    <topic>.dlq             its dead-letter topic
+    <dlq>.redriven          the redrive ledger of a DLQ
+    <group>.retry           the consumer group of a worker's retry tiers
+
+Names derive from the source topic (or group) alone, so any worker, ``kworkers lag`` and the
+redrive tool find them without shared state. A tier's label is its delay in the longest unit
+that is exact, so it parses back (``1500ms``, not ``1.5s``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from kworkers.errors import ConfigError
+
+MAX_TOPIC = 249  # Kafka's limit on a topic name
+TIER_INFIX = ".retry."
+DLQ_SUFFIX = ".dlq"
+LEDGER_SUFFIX = ".redriven"
+RETRY_GROUP_SUFFIX = ".retry"
+
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
+# (unit, milliseconds) from the longest: the label uses the longest unit that is exact.
+_UNITS = (("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1))
+_TIER_NAME = re.compile(r"^(?P<source>.+)\.retry\.[0-9]+(?:ms|s|m|h)$")
+_DLQ_NAME = re.compile(r"^(?P<source>.+)\.dlq$")
+
+
+def whole_ms(delay: float) -> int | None:
+    """``delay`` seconds in whole milliseconds, or None when it is not a whole number of them."""
+    ms = round(delay * 1000)
+    return ms if abs(delay * 1000 - ms) < 1e-6 else None
+
+
+def tier_label(delay: float) -> str:
+    """``0.5`` -> ``500ms``, ``120`` -> ``2m``: the delay in the longest exact unit."""
+    ms = whole_ms(delay)
+    if ms is None or ms <= 0:  # a ladder validates delays; this guards direct callers
+        raise ConfigError(f"no exact label for a delay of {delay!r} s")
+    for unit, size in _UNITS:
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    raise AssertionError("unreachable: every whole ms has a label")  # pragma: no cover
+
+
+def tier_topic(source: str, label: str) -> str:
+    return f"{source}{TIER_INFIX}{label}"
+
+
+def dlq_topic(source: str) -> str:
+    return f"{source}{DLQ_SUFFIX}"
+
+
+def ledger_topic(dlq: str) -> str:
+    """Where a redrive writes down what it replayed: ``<dlq>.redriven``."""
+    return f"{dlq}{LEDGER_SUFFIX}"
+
+
+def retry_group(group: str) -> str:
+    """Tier topics have a group of their own, so waiting retries never count as main lag."""
+    return f"{group}{RETRY_GROUP_SUFFIX}"
+
+
+def is_derived(name: str) -> bool:
+    """Whether ``name`` reads as a retry tier or a DLQ (so it cannot be a source topic)."""
+    return TIER_INFIX in name or name.endswith(DLQ_SUFFIX)
+
+
+def is_tier_topic(name: str) -> bool:
+    return _TIER_NAME.match(name) is not None and not name.endswith(DLQ_SUFFIX)
+
+
+def source_topic_of(name: str) -> str:
+    """The source topic a tier or DLQ topic belongs to; any other name is its own source."""
+    m = _DLQ_NAME.match(name)
+    if m:
+        name = m["source"]
+    m = _TIER_NAME.match(name)
+    return m["source"] if m else name
+
+
+def check_source_topic(topic: str, longest_suffix: int) -> None:
+    """A legal topic name whose derived names (``longest_suffix`` more characters) fit.
+
+    Fails at configuration, not at the first failure in production when the produce is refused.
+    """
+    if not _LEGAL_TOPIC.fullmatch(topic):
+        raise ConfigError(f"not a legal Kafka topic name: {topic!r}")
+    if len(topic) + longest_suffix > MAX_TOPIC:
+        raise ConfigError(
+            f"topic {topic[:64]!r}... is too long: its retry topics would exceed {MAX_TOPIC} chars"
+        )
