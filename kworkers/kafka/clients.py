@@ -110,6 +110,7 @@ def metadata(client: ClientSettings | str, timeout: float = CONNECT_TIMEOUT) -> 
                                        + c.redact(refused[0].str())) from None
             if left <= 1.0:
                 raise unreachable(c, exc) from None
+            time.sleep(0.1)  # a refused connection fails at once: do not spin
 
 
 def list_topics(client: ClientSettings | str, timeout: float = CONNECT_TIMEOUT
