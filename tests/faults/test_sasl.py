@@ -279,7 +279,7 @@ def test_the_rendered_deployment_reaches_a_sasl_cluster(sasl_cluster: SaslCluste
 
     # canaries: the same pod without the Secret's variables, or with a wrong password, fails
     # in one line and never starts consuming
-    for secret, why in ((None, "cannot reach Kafka at"),
+    for secret, why in ((None, "sasl.username and sasl.password must be set"),
                         ({"username": "alice", "password": WRONG}, "authentication failed")):
         command, env = _pod(files, secret)
         out, err = _start_pod(command, env).communicate(timeout=120)
@@ -298,7 +298,8 @@ def _grant(plain: str, prefix: str, *ops: AclOperation) -> None:
                 for kind, kind_ops in ((ResourceType.TOPIC, ops),
                                        (ResourceType.GROUP, (AclOperation.READ,)))
                 for op in kind_ops]
-    for fut in admin_client(plain).create_acls(bindings).values():
+    admin = admin_client(plain)  # held until the futures resolve
+    for fut in admin.create_acls(bindings).values():
         fut.result(30)
 
 
