@@ -28,13 +28,7 @@ from confluent_kafka.admin import (
 from kworkers import ConfigError, Message, TierLadder, Worker, WorkerConfig
 from kworkers.admin import admin_client, existing_topics
 from kworkers.deploy import render
-from kworkers.testing.broker import (
-    Broker,
-    ContainerBroker,
-    ProcessBroker,
-    default_image,
-    free_port,
-)
+from kworkers.testing.broker import broker_from_env, free_port
 from kworkers.testing.workload import (
     committed_total,
     make_topic,
@@ -69,18 +63,10 @@ def sasl(password: str, user: str = "alice") -> dict[str, str | int | float | bo
             "sasl.username": user, "sasl.password": password}
 
 
-def own_broker() -> Broker:
-    """A broker of this module's own, whatever KWORKERS_BOOTSTRAP says."""
-    users = {"alice": SECRET, "bob": BOB_SECRET}
-    if os.environ.get("KWORKERS_BROKER", "container") == "process":
-        return ProcessBroker(extra_env=AUTHORIZER, sasl_users=users)
-    image = os.environ.get("KWORKERS_KAFKA_IMAGE") or default_image()
-    return ContainerBroker(image, extra_env=AUTHORIZER, sasl_users=users)
-
-
 @pytest.fixture(scope="module")
 def sasl_cluster() -> Iterator[SaslCluster]:
-    broker = own_broker()
+    # a broker of this module's own, whatever KWORKERS_BOOTSTRAP says
+    broker = broker_from_env(AUTHORIZER, {"alice": SECRET, "bob": BOB_SECRET}, own=True)
     broker.start()
     try:
         bs = getattr(broker, "sasl_bootstrap", None)
