@@ -8,7 +8,7 @@ import sys
 
 from benchmarks.common import Mode
 
-BENCHMARKS = ("throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak")
+BENCHMARKS = ("peers", "throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,20 +17,20 @@ def main(argv: list[str] | None = None) -> int:
         description="kworkers benchmarks; each ends with one 'RESULT NAME key=value ...' line.")
     ap.add_argument("name", choices=BENCHMARKS)
     size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a smaller run, under 60 s")
+    size.add_argument("--quick", action="store_true",
+                      help="a smaller run (each side still 3 times, alternated)")
     size.add_argument("--smoke", action="store_true",
                       help="a tiny run (seconds of work), for the smoke test only")
     ap.add_argument("--profile", action="store_true",
-                    help="throughput only: profile the kworkers side with pyinstrument instead")
-    ap.add_argument("--profile-html", metavar="PATH",
-                    help="throughput --profile: also write the profile as HTML to PATH")
+                    help="throughput only: profile the kworkers side with py-spy instead "
+                         "(py-spy is not a dependency: .venv/bin/pip install py-spy)")
     args = ap.parse_args(argv)
     mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
     if args.profile and args.name != "throughput":
         ap.error("--profile applies to the throughput benchmark only")
     module = importlib.import_module(f"benchmarks.{args.name}")
     if args.name == "throughput":
-        module.main(mode, profile=args.profile, profile_out=args.profile_html)
+        module.main(mode, profile=args.profile)
     else:
         module.main(mode)
     return 0

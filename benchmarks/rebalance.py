@@ -18,21 +18,30 @@ others stayed with A ("retained"). Figures:
   the end (normal pauses at this rate are ~0.1 s, shown as "steady gap");
 - resume: the longest pause on a moved partition, i.e. from A's last record before the move to
   B's first (join), and from B's last to A's first after B left (leave).
+
+Method (``benchmarks.method``): each scenario runs in a process of its own (both members and the
+steady producer), the read-ahead capped like every other benchmark's; the scenarios alternate
+(eager, cooperative, consumer, eager, ...), at least 3 runs each outside smoke mode, and the
+table gives the median and the spread. Throughput-style timing from subscribe does not apply
+here: the figures are pauses between handled records.
 """
 
 from __future__ import annotations
 
 import itertools
+import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from benchmarks.child import Meter
 from benchmarks.common import (
     Mode,
     SteadyProducer,
     console,
-    fmt,
     kafka,
     quiet_logs,
     result,
@@ -40,6 +49,7 @@ from benchmarks.common import (
     table,
     wait_for,
 )
+from benchmarks.method import CAP, run_child
 from kworkers import Message, Worker
 from kworkers.testing.workload import make_topic, unique
 
@@ -157,35 +167,62 @@ def scenario(bootstrap: str, name: str, protocol: str, extra: Mapping[str, str |
         b_history=list(b.loops[0].history) if b.loops else [])
 
 
+def side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
+    """One scenario in a process of its own (``benchmarks.child``), the read-ahead capped like
+    every other benchmark's; returns the outcome's figures."""
+    o = spec["options"]
+    name = o["scenario"]
+    _, protocol, extra = next(s for s in SCENARIOS if s[0] == name)
+    out = scenario(spec["bootstrap"], name, protocol, {**spec["consumer_config"], **extra},
+                   float(o["rate"]), float(o["warm"]), float(o["dwell"]))
+    return {"moved": sorted(out.moved), "steady_gap": out.steady_gap, "gap": out.gap,
+            "gap_join": out.gap_join, "gap_leave": out.gap_leave, "resume": out.resume,
+            "resume_join": out.resume_join, "resume_leave": out.resume_leave,
+            "duplicates": out.duplicates, "handled": out.handled,
+            "a": _summary(out.a_history), "b": _summary(out.b_history)}
+
+
 def main(mode: Mode) -> None:
     quiet_logs()
     rate = 600.0  # records/s over 6 partitions
-    warm = mode.pick(0.5, 1.0, 3.0)
-    dwell = mode.pick(0.5, 1.0, 5.0)
-    outcomes: dict[str, Outcome] = {}
+    options = {"rate": rate, "warm": mode.pick(0.5, 1.0, 3.0),
+               "dwell": mode.pick(0.5, 1.0, 5.0)}
+    rounds = mode.pick(1, 3, 3)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in SCENARIOS}
     with kafka() as bs:
-        for name, protocol, extra in SCENARIOS:
-            t0 = time.monotonic()
-            o = scenario(bs, name, protocol, extra, rate, warm, dwell)
-            outcomes[name] = o
-            console.print(f"  {name:11s} moved {sorted(o.moved)}: gap {o.gap:.2f}s (join "
-                          f"{o.gap_join:.2f}, leave {o.gap_leave:.2f}), resume {o.resume:.2f}s "
-                          f"(join {o.resume_join:.2f}, leave {o.resume_leave:.2f}), "
-                          f"{o.duplicates} redelivered of {o.handled:,} "
-                          f"[{time.monotonic() - t0:.0f}s]")
-            console.print(f"    [dim]A: {_summary(o.a_history)}  B: {_summary(o.b_history)}"
-                          "[/dim]")
-    table(f"rebalance under {rate:.0f} records/s, {PARTITIONS} partitions: longest pause (s)",
-          ["protocol", "steady gap", "retained gap (aim <= 1)", "moved: resume", "redelivered"],
-          [[o.name, fmt(o.steady_gap, 2), f"{o.gap:.2f} (join {o.gap_join:.2f} / leave "
-            f"{o.gap_leave:.2f})", f"{o.resume:.2f} (join {o.resume_join:.2f} / leave "
-            f"{o.resume_leave:.2f})", str(o.duplicates)] for o in outcomes.values()])
+        for r in range(rounds):
+            for name, _, _ in SCENARIOS:  # alternated: eager, cooperative, consumer, eager, ...
+                t0 = time.monotonic()
+                spec = {"side": "rebalance", "bootstrap": bs, "consumer_config": CAP,
+                        "options": {**options, "scenario": name}, "timeout": 600}
+                o = run_child(sys.executable, spec, 900)["extra"]
+                runs[name].append(o)
+                console.print(f"  round {r + 1}/{rounds} {name:11s} moved {o['moved']}: gap "
+                              f"{o['gap']:.2f}s (join {o['gap_join']:.2f}, leave "
+                              f"{o['gap_leave']:.2f}), resume {o['resume']:.2f}s (join "
+                              f"{o['resume_join']:.2f}, leave {o['resume_leave']:.2f}), "
+                              f"{o['duplicates']} redelivered of {o['handled']:,} "
+                              f"[{time.monotonic() - t0:.0f}s]")
+                console.print(f"    [dim]A: {o['a']}  B: {o['b']}[/dim]")
+
+    def cell(name: str, key: str) -> str:
+        values = [float(o[key]) for o in runs[name]]
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    table(f"rebalance under {rate:.0f} records/s, {PARTITIONS} partitions: longest pause (s), "
+          f"median (min-max) of {rounds} run(s) each, alternated",
+          ["protocol", "steady gap", "retained gap: join", "retained gap: leave",
+           "moved: resume join", "moved: resume leave", "redelivered"],
+          [[name, cell(name, "steady_gap"), cell(name, "gap_join"), cell(name, "gap_leave"),
+            cell(name, "resume_join"), cell(name, "resume_leave"),
+            str(sum(int(o["duplicates"]) for o in runs[name]))] for name in runs])
     figures: dict[str, float | int | str] = {}
-    for key in ("eager", "cooperative", "consumer"):
-        figures[f"gap_s_{key}"] = round(outcomes[key].gap, 3)
-    for key in ("eager", "cooperative", "consumer"):
-        figures[f"resume_s_{key}"] = round(outcomes[key].resume, 3)
-    figures["redelivered"] = sum(o.duplicates for o in outcomes.values())
+    for key in ("gap", "resume"):
+        for name in runs:
+            figures[f"{key}_s_{name}"] = round(
+                statistics.median(float(o[key]) for o in runs[name]), 3)
+    figures["redelivered"] = sum(int(o["duplicates"]) for v in runs.values() for o in v)
+    figures["runs"] = rounds
     result("rebalance", figures)
 
 

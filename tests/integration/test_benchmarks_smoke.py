@@ -1,8 +1,12 @@
-"""Every benchmark runs end to end at its smallest size and prints its RESULT line.
+"""Every benchmark runs end to end at its smallest size and prints its RESULT line; the method's
+own checks (read-ahead cap, committed read-back) are shown to work, and to catch what they are
+there for.
 
-Each runs as ``python -m benchmarks NAME --smoke`` against the session broker (through
-``KWORKERS_BOOTSTRAP``, so no second broker starts). Figures are never checked: only that the
-run succeeds and reports the keys BENCHMARKS.md documents.
+Each benchmark runs as ``python -m benchmarks NAME --smoke`` against the session broker (through
+``KWORKERS_BOOTSTRAP``, so no second broker starts). Speeds are never checked: only that the
+run succeeds, reports the keys BENCHMARKS.md documents, and that counts read back from the
+broker agree with the method (no side fell short of its N; the cap holds the read-ahead below
+what librdkafka fetches at its defaults).
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import produce_fill
+from benchmarks.method import Comparison, Side
 from kworkers.testing import Broker
+from kworkers.testing.workload import make_topic, unique
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "throughput": ("ratio", "raw_mps", "kworkers_mps"),
+    "peers": ("raw_mps", "kworkers_mps", "kworkers_async_mps", "read_ahead", "short_commits"),
+    "throughput": ("ratio", "raw_mps", "kworkers_mps", "read_ahead", "read_ahead_defaults",
+                   "short_commits"),
     "slow_io": ("ratio", "violations"),
     "rebalance": ("gap_s_eager", "gap_s_cooperative", "gap_s_consumer",
                   "resume_s_cooperative", "resume_s_consumer"),
@@ -28,6 +37,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "commits": ("ratio", "commits_per_partition_s"),
     "soak": ("rss_growth_mb",),
 }
+# Sides that cannot run in smoke mode; their RESULT value is "n/a".
+NOT_IN_SMOKE = {"peers": ("kworkers_batch_mps", "quix_mps", "arroyo_mps", "faststream_mps",
+                          "faststream_batch_mps")}
 
 
 def result_line(name: str, stdout: str) -> dict[str, str]:
@@ -39,16 +51,47 @@ def result_line(name: str, stdout: str) -> dict[str, str]:
     return dict((k, v) for k, v in pairs)
 
 
-@pytest.mark.parametrize("name", list(REQUIRED))
-def test_benchmark_smoke(kafka_broker: Broker, name: str) -> None:
-    env = {**os.environ, "KWORKERS_BOOTSTRAP": kafka_broker.bootstrap_servers,
-           "TESTCONTAINERS_RYUK_DISABLED": "true"}
+def run_smoke(broker: Broker, name: str, env_extra: dict[str, str]) -> str:
+    env = {**os.environ, "KWORKERS_BOOTSTRAP": broker.bootstrap_servers,
+           "TESTCONTAINERS_RYUK_DISABLED": "true", "COLUMNS": "200", **env_extra}
     proc = subprocess.run([sys.executable, "-m", "benchmarks", name, "--smoke"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n" \
                                  f"{proc.stderr[-3000:]}"
-    figures = result_line(name, proc.stdout)
-    missing = [k for k in REQUIRED[name] if k not in figures]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name", list(REQUIRED))
+def test_benchmark_smoke(kafka_broker: Broker, name: str, tmp_path: Path) -> None:
+    peers_dir = tmp_path / "peers"
+    stdout = run_smoke(kafka_broker, name, {"KWORKERS_PEERS_DIR": str(peers_dir)})
+    figures = result_line(name, stdout)
+    missing = [k for k in (*REQUIRED[name], *NOT_IN_SMOKE.get(name, ())) if k not in figures]
     assert not missing, f"RESULT {name} lacks {missing}: {figures}"
     for key in REQUIRED[name]:
-        float(figures[key])  # every figure is a number (never compared with anything)
+        float(figures[key])  # every figure is a number (speeds are never compared)
+    if "short_commits" in figures:  # read back from the broker: every run committed its N
+        assert figures["short_commits"] == "0", stdout[-3000:]
+    if name == "throughput":  # the cap is applied: less read ahead than at librdkafka defaults
+        assert 0 < int(figures["read_ahead"]) < int(figures["read_ahead_defaults"]), figures
+    if name == "peers":  # smoke mode never installs a peer (CI must not reach for PyPI)
+        assert "peers skipped in smoke mode" in stdout
+        assert all(figures[k] == "n/a" for k in NOT_IN_SMOKE["peers"]), figures
+        assert not peers_dir.exists(), "smoke mode created peer venvs"
+
+
+def test_short_commit_is_flagged(kafka_broker: Broker) -> None:
+    """Canary for the read-back check: a raw loop that never commits is caught, the normal
+    one is not (counts read back from the broker with a fresh client, not from the side)."""
+    bs = kafka_broker.bootstrap_servers
+    n = 3_000
+    topic = make_topic(bs, unique("bench-canary"), 2)
+    produce_fill(bs, topic, n, 2)
+    cmp = Comparison(bs, topic, 2, n, timeout=120)
+    summaries = cmp.alternate([Side("raw", "raw"),
+                               Side("raw", "no-commit", options={"commit": False})], 1)
+    assert summaries["raw"].runs[0].committed >= n
+    assert summaries["raw"].short_commits == 0
+    assert summaries["no-commit"].runs[0].committed == 0
+    assert summaries["no-commit"].short_commits == 1
+    assert "committed < N in a run" in summaries["no-commit"].notes
