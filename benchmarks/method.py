@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from benchmarks.common import console, fmt, table
 from kworkers.testing.workload import committed_total, unique
 
@@ -43,13 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The read-ahead cap every side gets (librdkafka names; each side passes them its own way).
 #: Measured result on the 6-partition, 100-byte topic: see ``measure_read_ahead``.
 CAP: dict[str, int] = {
-    "queued.min.messages": 1000,  # per partition
-    "queued.max.messages.kbytes": 1024,  # the whole consumer queue
-    "fetch.max.bytes": 1_048_576,  # per fetch response (librdkafka's floor: message.max.bytes)
-    "max.partition.fetch.bytes": 262_144,  # per partition in a fetch response
+    "queued.min.messages": 5000,  # per partition (default 100,000)
+    "queued.max.messages.kbytes": 8192,  # the whole consumer queue (default 65,536)
+    "fetch.max.bytes": 4_194_304,  # per fetch response (default 52,428,800)
+    "max.partition.fetch.bytes": 1_048_576,  # per partition in a response (the default)
     # librdkafka waits this long (default 1000 ms!) before fetching again for a partition whose
-    # queue went over the caps above: at the default, a small cap stalls every fast side.
-    "fetch.queue.backoff.ms": 10,
+    # queue went over the caps above: at the default, a cap stalls every fast side.
+    "fetch.queue.backoff.ms": 1,
 }
 MIN_N_OVER_READ_AHEAD = 10
 #: A no-op consumer is CPU-bound (its own process or the broker's): side + broker CPU under
@@ -270,7 +272,7 @@ class Comparison:
         runs: dict[str, list[Reading]] = {s.label: [] for s in sides}
         missing: dict[str, str] = {s.label: s.unavailable for s in sides if s.unavailable}
         for label, why in missing.items():
-            console.print(f"  [yellow]{label}: not available: {why}[/yellow]")
+            console.print(f"  [yellow]{label}: not available: {escape(why)}[/yellow]")
         for r in range(rounds):
             for side in sides:
                 if side.label in missing:
@@ -278,7 +280,8 @@ class Comparison:
                 got = self.run(side)
                 if isinstance(got, str):
                     missing[side.label] = got
-                    console.print(f"  [yellow]{side.label}: not available: {got}[/yellow]")
+                    console.print(f"  [yellow]{side.label}: not available: "
+                                  f"{escape(got)}[/yellow]")
                     continue
                 runs[side.label].append(got)
                 console.print(f"  round {r + 1}/{rounds} {side.label:16s} {got.records:>9,} in "
@@ -327,7 +330,8 @@ def summary_table(title: str, summaries: Iterable[Summary], baseline: str | None
     base = next((s for s in items if s.label == baseline and s.ok), None)
     for s in items:
         if not s.ok:
-            rows.append([s.label, "not available", "", "", "", "", "", "", s.unavailable or ""])
+            rows.append([s.label, "not available", "", "", "", "", "", "",
+                         escape(s.unavailable or "")])
             continue
         lo, hi = s.spread
         cpu = s.median(lambda r: r.cpu_s) or 0.0

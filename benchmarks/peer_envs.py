@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.markup import escape
+
 from benchmarks.common import console
 
 
@@ -55,7 +57,7 @@ def ensure(peer: Peer) -> str:
     if installed(peer):
         return str(python_of(peer))
     where = peers_dir() / peer.name
-    console.print(f"installing {peer.requirement} into {where} (first use; PyPI)")
+    console.print(escape(f"installing {peer.requirement} into {where} (first use; PyPI)"))
     shutil.rmtree(where, ignore_errors=True)
     where.parent.mkdir(parents=True, exist_ok=True)
     steps = ([sys.executable, "-m", "venv", str(where)],

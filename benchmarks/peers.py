@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import time
 
+from rich.markup import escape
+
 from benchmarks import peer_envs
 from benchmarks.common import Mode, console, kafka, produce_fill, quiet_logs, result
 from benchmarks.method import CAP, Comparison, Side, Summary, loadavg, summary_table
@@ -66,8 +68,8 @@ def main(mode: Mode) -> None:
     rounds = mode.pick(1, 3, 3)
     t_start = time.monotonic()
     if mode is Mode.SMOKE:
-        console.print("peers skipped in smoke mode (no installs in CI): "
-                      + ", ".join(p.requirement for p in peer_envs.PEERS))
+        console.print(escape("peers skipped in smoke mode (no installs in CI): "
+                             + ", ".join(p.requirement for p in peer_envs.PEERS)))
     the_sides = sides(mode, n_slow)
     console.print(f"load average {loadavg()}")
     with kafka() as bs:

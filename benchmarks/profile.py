@@ -1,10 +1,14 @@
 """Where the kworkers side's time goes: ``python -m benchmarks throughput --profile``.
 
-The kworkers side runs once more in its own process, which attaches py-spy to itself when the
-clock starts and stops it at the N-th record, so the profile holds the measured window only
-(no imports, no shutdown). py-spy samples every Python thread, idle ones included
-(``--idle``), so a thread's samples are its wall time: where it computes *and* where it waits.
-Beside it, the CPU per thread from /proc says how much of that wall time was on a core.
+The kworkers side runs once more in its own process, which attaches py-spy to itself just before
+the clock starts and stops it at the N-th record, so the profile holds the measured window only
+(no imports, no shutdown; the main thread's samples from before the start are dropped). py-spy
+samples every Python thread, idle ones included (``--idle``), without pausing the process
+(``--nonblocking``: pausing 13 threads 250 times a second slowed the run 3x and changed where
+the time went), so a thread's samples are its wall time: where it computes *and* where it
+waits. A leaf that is a Python function calling into C (``poll_batch`` -> ``consume()``,
+``commit``) counts the C call's time, work and waiting alike. Beside it, the CPU per thread
+from /proc says how much of that wall time was on a core.
 
 py-spy is not a dependency: ``.venv/bin/pip install py-spy`` (run by hand; attaching needs
 ptrace rights, e.g. root or CAP_SYS_PTRACE).
@@ -26,7 +30,7 @@ from benchmarks.common import console, fmt, table
 from benchmarks.method import Comparison, Side, run_child
 from kworkers.testing.workload import unique
 
-RATE = 250  # samples per second per thread
+RATE = 100  # samples per second per thread (py-spy takes CPU from the same 2 cores)
 
 
 def py_spy() -> str:
@@ -46,7 +50,7 @@ class SelfProfiler:
     def start(self) -> None:
         self._proc = subprocess.Popen(
             [py_spy(), "record", "--pid", str(os.getpid()), "--format", "raw", "--threads",
-             "--idle", "--rate", str(RATE), "--output", self.out],
+             "--idle", "--nonblocking", "--rate", str(RATE), "--output", self.out],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # let py-spy attach before the clock starts
 
@@ -80,6 +84,8 @@ def read_raw(path: str) -> dict[str, tuple[int, Counter[str], Counter[str]]]:
             stack, _, count = line.rstrip("\n").rpartition(" ")
             frames = stack.split(";")
             group, n = thread_group(frames[0]), int(count)
+            if group == "bench-stopper" or any("SelfProfiler" in fr for fr in frames):
+                continue  # the harness itself, or the main thread before the clock started
             total[group] += n
             names = [frame_name(fr) for fr in frames[1:]]
             leaves[group][names[-1] if names else "(no Python frame)"] += n
