@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.common import Mode, console, fmt, kafka, produce_fill, quiet_logs, result, table
-from benchmarks.method import CAP, Comparison, Side, summary_table
-from kworkers.testing.workload import make_topic, unique
+from benchmarks.common import Mode, fmt, kafka, quiet_logs, result, table
+from benchmarks.method import Comparison, Side, summary_table
 
 PARTITIONS = 6
 VALUE_SIZE = 100
@@ -28,11 +27,7 @@ def main(mode: Mode) -> None:
     n = mode.pick(20_000, 200_000, 1_000_000)
     rounds = mode.pick(1, 3, 3)
     with kafka() as bs:
-        topic = make_topic(bs, unique("commits"), PARTITIONS)
-        secs = produce_fill(bs, topic, n, PARTITIONS, VALUE_SIZE)
-        console.print(f"produced {n:,} records of {VALUE_SIZE} B over {PARTITIONS} partitions "
-                      f"in {secs:.1f}s; read-ahead cap {CAP}")
-        cmp = Comparison(bs, topic, PARTITIONS, n)
+        cmp = Comparison.on_new_topic(bs, "commits", n, PARTITIONS, VALUE_SIZE)
         cmp.measure_read_ahead(sys.executable)
         summaries = cmp.alternate(SIDES, rounds)
     default, never = summaries["default"], summaries["never"]

@@ -37,8 +37,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from benchmarks.common import console, fmt, table
-from kworkers.testing.workload import committed_total, unique
+from benchmarks.common import console, fmt, produce_fill, table
+from kworkers.testing.workload import committed_total, make_topic, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,6 +236,16 @@ class Comparison:
         where = (f"{self.broker_cpu['kind']} {self.broker_cpu['path']}" if self.broker_cpu
                  else "not found (n/a)")
         console.print(f"[dim]broker CPU read from {where}[/dim]")
+
+    @classmethod
+    def on_new_topic(cls, bootstrap: str, prefix: str, n: int, partitions: int = 6,
+                     value_size: int = 100, **kw: Any) -> Comparison:
+        """A fresh topic of ``n`` records (``value_size`` bytes) to compare sides on."""
+        topic = make_topic(bootstrap, unique(prefix), partitions)
+        secs = produce_fill(bootstrap, topic, n, partitions, value_size)
+        console.print(f"produced {n:,} records of {value_size} B over {partitions} partitions "
+                      f"in {secs:.1f}s; read-ahead cap {CAP}")
+        return cls(bootstrap, topic, partitions, n, **kw)
 
     def spec(self, side: Side, group: str, n: int) -> dict[str, Any]:
         return {"side": side.name, "bootstrap": self.bootstrap, "topic": self.topic, "n": n,

@@ -25,9 +25,8 @@ import time
 from rich.markup import escape
 
 from benchmarks import peer_envs
-from benchmarks.common import Mode, console, kafka, produce_fill, quiet_logs, result
-from benchmarks.method import CAP, Comparison, Side, Summary, loadavg, summary_table
-from kworkers.testing.workload import make_topic, unique
+from benchmarks.common import Mode, console, kafka, quiet_logs, result
+from benchmarks.method import Comparison, Side, Summary, loadavg, summary_table
 
 PARTITIONS = 6
 VALUE_SIZE = 100
@@ -73,11 +72,7 @@ def main(mode: Mode) -> None:
     the_sides = sides(mode, n_slow)
     console.print(f"load average {loadavg()}")
     with kafka() as bs:
-        topic = make_topic(bs, unique("peers"), PARTITIONS)
-        secs = produce_fill(bs, topic, n, PARTITIONS, VALUE_SIZE)
-        console.print(f"produced {n:,} records of {VALUE_SIZE} B over {PARTITIONS} partitions "
-                      f"in {secs:.1f}s; read-ahead cap {CAP}")
-        cmp = Comparison(bs, topic, PARTITIONS, n)
+        cmp = Comparison.on_new_topic(bs, "peers", n, PARTITIONS, VALUE_SIZE)
         for python in dict.fromkeys(s.python for s in the_sides if not s.unavailable):
             cmp.measure_read_ahead(python)
         summaries = cmp.alternate(the_sides, rounds)

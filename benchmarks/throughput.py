@@ -23,13 +23,11 @@ from benchmarks.common import (
     console,
     fmt,
     kafka,
-    produce_fill,
     quiet_logs,
     result,
     table,
 )
-from benchmarks.method import CAP, Comparison, Side, Summary, summary_table
-from kworkers.testing.workload import make_topic, unique
+from benchmarks.method import Comparison, Side, Summary, summary_table
 
 PARTITIONS = 6
 VALUE_SIZE = 100
@@ -58,11 +56,7 @@ def main(mode: Mode, profile: bool = False) -> None:
     n = mode.pick(60_000, 200_000, 1_000_000)
     rounds = mode.pick(1, 3, 3)
     with kafka() as bs:
-        topic = make_topic(bs, unique("tput"), PARTITIONS)
-        secs = produce_fill(bs, topic, n, PARTITIONS, VALUE_SIZE)
-        console.print(f"produced {n:,} records of {VALUE_SIZE} B over {PARTITIONS} partitions "
-                      f"in {secs:.1f}s ({n / secs:,.0f}/s); read-ahead cap {CAP}")
-        cmp = Comparison(bs, topic, PARTITIONS, n)
+        cmp = Comparison.on_new_topic(bs, "tput", n, PARTITIONS, VALUE_SIZE)
         if profile:
             from benchmarks.profile import profile_kworkers
 
