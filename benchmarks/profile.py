@@ -75,7 +75,8 @@ def frame_name(frame: str) -> str:
 
 
 def read_raw(path: str) -> dict[str, tuple[int, Counter[str], Counter[str]]]:
-    """Per thread group: samples, leaf (self) frames, and kworkers frames (inclusive)."""
+    """Per thread group: samples, leaf (self) frames with their line, and kworkers frames
+    (inclusive, per function)."""
     total: dict[str, int] = defaultdict(int)
     leaves: dict[str, Counter[str]] = defaultdict(Counter)
     inclusive: dict[str, Counter[str]] = defaultdict(Counter)
@@ -88,7 +89,9 @@ def read_raw(path: str) -> dict[str, tuple[int, Counter[str], Counter[str]]]:
                 continue  # the harness itself, or the main thread before the clock started
             total[group] += n
             names = [frame_name(fr) for fr in frames[1:]]
-            leaves[group][names[-1] if names else "(no Python frame)"] += n
+            # The leaf keeps its line: poll_batch's consume() call and its conversion loop
+            # are different lines of one function.
+            leaves[group][frames[-1] if len(frames) > 1 else "(no Python frame)"] += n
             for fn in set(names):
                 if "kworkers/" in fn:
                     inclusive[group][fn] += n
