@@ -145,7 +145,8 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
                 faults.record("broker SIGKILL and restart")
                 restarted = True
 
-        _until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted, 420,
+        _until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted,
+               full_size(1800, 420),
                chaos, "every activity, the kills and a broker restart")
         for w in workers:
             w.terminate()
