@@ -40,6 +40,7 @@ RETRY = RetryPolicy(initial=0.5, backoff=2.0, max_interval=2.0, max_attempts=4)
 CONSUMER_CONFIG: dict[str, str | int | float | bool] = {
     "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
 }
+LEASE_S = 5.0
 CHARGES = """CREATE TABLE IF NOT EXISTS charges (
     order_key TEXT NOT NULL, amount_cents INTEGER NOT NULL, pid INTEGER NOT NULL)"""
 
@@ -88,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
                     retry=RETRY, tiers=TIERS, consumer_config=CONSUMER_CONFIG,
                     drain_timeout=10.0,
-                    idempotency=None if args.without_receiver else store)
+                    idempotency=None if args.without_receiver else store,
+                    # a killed worker's lease on an unfinished order blocks that order (the
+                    # record is retried later) until the lease expires: keep it short here
+                    lease_s=LEASE_S)
 
     @worker.handler
     def handle(msg: Message) -> None:
