@@ -8,7 +8,8 @@ import sys
 
 from benchmarks.common import Mode
 
-BENCHMARKS = ("peers", "throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak")
+BENCHMARKS = ("peers", "throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak",
+              "storm")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kworkers import activity
     from kworkers.config import WorkerConfig
+    from kworkers.consumer.batching import BatchPolicy
+    from kworkers.consumer.breaker import BreakerPolicy
     from kworkers.consumer.commit import CommitPolicy
     from kworkers.errors import (
         ActivityFailure,
+        BatchError,
         ConfigError,
         DecodeError,
         FencedError,
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
         KworkersError,
         NonRetryableError,
         RetryableError,
+        WorkerFailed,
         failure_type,
         is_non_retryable,
     )
@@ -34,6 +38,9 @@ if TYPE_CHECKING:
 #: public name -> the module it lives in (a module itself when the names match)
 _WHERE = {
     "ActivityFailure": "kworkers.errors",
+    "BatchError": "kworkers.errors",
+    "BatchPolicy": "kworkers.consumer.batching",
+    "BreakerPolicy": "kworkers.consumer.breaker",
     "CommitPolicy": "kworkers.consumer.commit",
     "ConfigError": "kworkers.errors",
     "DecodeError": "kworkers.errors",
@@ -47,6 +54,7 @@ _WHERE = {
     "TierLadder": "kworkers.retry_tiers.tiers",
     "Worker": "kworkers.worker",
     "WorkerConfig": "kworkers.config",
+    "WorkerFailed": "kworkers.errors",
     "activity": "kworkers.activity",
     "failure_type": "kworkers.errors",
     "is_non_retryable": "kworkers.errors",
@@ -54,6 +62,9 @@ _WHERE = {
 
 __all__ = [
     "ActivityFailure",
+    "BatchError",
+    "BatchPolicy",
+    "BreakerPolicy",
     "CommitPolicy",
     "ConfigError",
     "DecodeError",
@@ -67,6 +78,7 @@ __all__ = [
     "TierLadder",
     "Worker",
     "WorkerConfig",
+    "WorkerFailed",
     "activity",
     "failure_type",
     "is_non_retryable",

@@ -5,6 +5,7 @@
     activity.attempt()           # 1 on first delivery, +1 per retry, 1 again after a redrive
     activity.heartbeat_details() # bytes from the last heartbeat of an earlier attempt, or None
     activity.record_heartbeat(b"ckpt-3")  # checkpoint; also extends the message deadline
+    activity.key_of(msg)         # in a batch handler: the key of one record of the batch
 
 The key comes from the record, never from the attempt, the worker or the offset: the ids travel
 in the Avro task envelope (when the worker has a codec) or in ``kw-workflow-id`` /
@@ -31,7 +32,7 @@ from kworkers.clock import Clock, SystemClock
 from kworkers.consumer.partition import Lane
 from kworkers.consumer.runner import current_lane
 from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers
-from kworkers.errors import ConfigError, DecodeError, FencedError, RetryableError
+from kworkers.errors import BatchError, ConfigError, DecodeError, FencedError, RetryableError
 from kworkers.idempotency.store import ClaimState, IdempotencyStore
 from kworkers.message import Message
 
@@ -63,11 +64,49 @@ _current: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
     "kworkers_activity", default=None)
 
 
+class _Batch:
+    """A batch handler's context: keys of the batch's records, worked out when claimed."""
+
+    __slots__ = ("invoker", "keys")
+
+    def __init__(self, invoker: ActivityInvoker, keys: dict[Message, str | None]) -> None:
+        self.invoker = invoker
+        self.keys = keys
+
+
+_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
+    "kworkers_activity_batch", default=None)
+
+
 def _ctx() -> _Context:
     ctx = _current.get()
     if ctx is None:
+        if _batch.get() is not None:
+            raise RuntimeError("a batch handler has no single current record: read each "
+                               "record's key with activity.key_of(msg)")
         raise RuntimeError("no activity context: call this from inside a kworkers handler")
     return ctx
+
+
+def key_of(msg: Message) -> str:
+    """The idempotency key of ``msg``: for batch handlers, which see many records at once (the
+    same ``<workflow_id>/<activity_id>`` a single-record handler reads with
+    ``idempotency_key()``). DecodeError when the record carries no activity ids."""
+    b = _batch.get()
+    key = b.keys.get(msg) if b is not None else None
+    if key is None:
+        inv = b.invoker if b is not None else None
+        key = inv._prepare(msg)[0] if inv is not None else _header_key(msg)
+    if key is None:
+        raise DecodeError(
+            "this record carries no activity ids: send an Avro task envelope or the "
+            "kw-workflow-id and kw-activity-id headers", type="MissingActivityIds")
+    return key
+
+
+def _header_key(msg: Message) -> str | None:
+    ids = ids_from_headers(msg.headers)
+    return f"{ids[0]}/{ids[1]}" if ids else None
 
 
 def idempotency_key() -> str:
@@ -177,13 +216,17 @@ class ActivityInvoker:
         else:
             self.store.release(ctx.key, ctx.token)
 
-    def _is_async(self, handler: Callable[[Message], Any]) -> bool:
+    def _is_async(self, handler: Callable[..., Any]) -> bool:
         if handler is not self._last_handler:
             self._last_handler = handler
             self._last_async = inspect.iscoroutinefunction(handler)
         return self._last_async
 
-    def __call__(self, handler: Callable[[Message], Any], msg: Message) -> Any:
+    def __call__(self, handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
+        if isinstance(msg, list):
+            if self._is_async(handler):
+                return self._call_batch_async(handler, msg)
+            return self._call_batch(handler, msg)
         if self._plain:
             # No store, no codec: only the context (the key is read lazily from headers).
             if self._is_async(handler):
@@ -207,6 +250,88 @@ class ActivityInvoker:
             _current.reset(reset)
         self._done(ctx, ok=True)
         return result
+
+    # ------------------------------------------------------------------ batches
+
+    def _claim_batch(self, msgs: list[Message]) -> tuple[
+            list[Message], dict[Message, str | None], dict[Message, tuple[str, int]],
+            dict[Message, BaseException]]:
+        """(records to run, keys, claims held, records failed before running). A record whose
+        key is done already is neither run nor failed: its redelivery is absorbed."""
+        run: list[Message] = []
+        keys: dict[Message, str | None] = {}
+        claims: dict[Message, tuple[str, int]] = {}
+        failed: dict[Message, BaseException] = {}
+        for m in msgs:
+            try:
+                key, _task = self._prepare(m)
+                keys[m] = key
+                token, _details, skip, _takeover = self._claim(key)
+            except Exception as exc:
+                failed[m] = exc
+                continue
+            if skip:
+                continue
+            run.append(m)
+            if key is not None and token is not None:
+                claims[m] = (key, token)
+        return run, keys, claims, failed
+
+    def _settle_batch(self, run: list[Message], claims: dict[Message, tuple[str, int]],
+                      failed: dict[Message, BaseException], err: BaseException | None) -> None:
+        """Completes the claims of records that succeeded, releases the others; raises the
+        batch's failures as one ``BatchError`` (or nothing when all succeeded)."""
+        if err is not None:
+            named = err.failures if isinstance(err, BatchError) else dict.fromkeys(run, err)
+            ran = set(run)
+            failed.update({m: e for m, e in named.items() if m in ran})
+        store = self.store
+        if store is not None:
+            now = self.clock.now()
+            for m, (key, token) in claims.items():
+                if m in failed:
+                    store.release(key, token)
+                else:
+                    store.complete(key, token, now)
+        if failed:
+            raise BatchError(failed)
+
+    def _call_batch(self, handler: Callable[..., Any], msgs: list[Message]) -> Any:
+        if self._plain:
+            reset = _batch.set(_Batch(self, {}))
+            try:
+                return handler(msgs)
+            finally:
+                _batch.reset(reset)
+        run, keys, claims, failed = self._claim_batch(msgs)
+        reset = _batch.set(_Batch(self, keys))
+        err: BaseException | None = None
+        try:
+            if run:
+                handler(run)
+        except Exception as exc:
+            err = exc
+        finally:
+            _batch.reset(reset)
+        self._settle_batch(run, claims, failed, err)
+        return None
+
+    async def _call_batch_async(self, handler: Callable[..., Any], msgs: list[Message]) -> Any:
+        _batch.set(_Batch(self, {}))  # a task's own context: no reset needed
+        if self._plain:
+            return await handler(msgs)
+        run, keys, claims, failed = await asyncio.to_thread(self._claim_batch, msgs)
+        _batch.set(_Batch(self, keys))
+        err: BaseException | None = None
+        try:
+            if run:
+                await handler(run)
+        except Exception as exc:
+            err = exc
+        await asyncio.to_thread(self._settle_batch, run, claims, failed, err)
+        return None
+
+    # ------------------------------------------------------------------ single records
 
     async def _call_plain_async(self, handler: Callable[[Message], Any], msg: Message) -> Any:
         _current.set(_Context(msg, self))  # a task's own context: no reset needed

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kworkers.clock import Seconds
+from kworkers.consumer.batching import BatchPolicy
 from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import ConfigError
@@ -69,6 +70,8 @@ class WorkerConfig:
     handoff_limit: int = 10_000
     #: a circuit breaker that stops starting records while a dependency is down (None: off)
     breaker: BreakerPolicy | None = None
+    #: how a batch handler's batches are cut (unused by single-record handlers)
+    batch: BatchPolicy = field(default_factory=BatchPolicy)
     #: create missing retry tier and DLQ topics at start (sized like their source topic) when
     #: the cluster lets the worker; off: they must exist (``kworkers topics create``)
     auto_create_topics: bool = True
@@ -109,6 +112,8 @@ class WorkerConfig:
                 raise ConfigError(f"{name}: must be > 0 s")
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise ConfigError(f"breaker: a BreakerPolicy or None, got {self.breaker!r}")
+        if not isinstance(self.batch, BatchPolicy):
+            raise ConfigError(f"batch: a BatchPolicy, got {self.batch!r}")
         owned = _OWNED_CONSUMER_KEYS & set(self.consumer_config)
         if owned:
             raise ConfigError(f"consumer_config: {sorted(owned)} are set by kworkers itself")

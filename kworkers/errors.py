@@ -9,6 +9,7 @@ goes (retry tier or DLQ). Everything a user may catch derives from ``KworkersErr
     ├── FencedError            a result, heartbeat or completion for a partition no longer owned
     ├── DecodeError            a record that cannot be decoded (non-retryable by nature)
     ├── WorkerFailed           a worker stopped because a part of it failed (see ``fault``)
+    ├── BatchError             raised by batch handlers: which records of the batch failed
     └── ActivityFailure        raised by handlers to type a failure
         ├── RetryableError     retry with backoff (the default for any other exception)
         └── NonRetryableError  goes to the DLQ after this attempt
@@ -19,7 +20,11 @@ Failure types survive ``raise X from err`` and wrapping: ``failure_type`` and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kworkers.message import Message
 
 
 class KworkersError(Exception):
@@ -41,6 +46,17 @@ class FencedError(KworkersError):
 class WorkerFailed(KworkersError):
     """A thread or a lane of the worker failed: it stopped (committing only finished work) so
     that a restart moves its partitions to a member that works."""
+
+
+class BatchError(KworkersError):
+    """Raised by a batch handler when only some records failed: those named in ``failures``
+    (record → its exception, which the retry policy judges as for a single record) go to the
+    tiers or the DLQ; every other record of the batch counts as handled. Any other exception
+    from a batch handler fails every record of the batch."""
+
+    def __init__(self, failures: Mapping[Message, BaseException], message: str = "") -> None:
+        super().__init__(message or f"{len(failures)} records of the batch failed")
+        self.failures = dict(failures)
 
 
 class ActivityFailure(KworkersError):

@@ -147,10 +147,12 @@ class MultiProcessMetrics:
 
 
 class MetricsServer:
-    """``/metrics``, ``/healthz`` (the process runs) and ``/readyz`` (the worker is consuming)."""
+    """``/metrics``, ``/healthz`` (the worker works: 503 with the reason once a part of it
+    failed) and ``/readyz`` (the worker is consuming)."""
 
     def __init__(self, metrics: Exposes, port: int, host: str = "0.0.0.0",
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True,
+                 fault: Callable[[], object | None] = lambda: None) -> None:
         expo = metrics.exposition
 
         class Handler(BaseHTTPRequestHandler):
@@ -159,7 +161,9 @@ class MetricsServer:
                 if path == "/metrics":
                     body, ctype, code = expo(), CONTENT_TYPE_LATEST, 200
                 elif path == "/healthz":
-                    body, ctype, code = b"ok\n", "text/plain", 200
+                    why = fault()
+                    body = b"ok\n" if why is None else f"unhealthy: {why}\n".encode()
+                    ctype, code = "text/plain", 200 if why is None else 503
                 elif path == "/readyz":
                     ok = ready()
                     body = b"ready\n" if ok else b"not ready\n"
@@ -183,6 +187,9 @@ class MetricsServer:
     def start(self) -> MetricsServer:
         self._thread.start()
         return self
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self) -> None:
         self._server.shutdown()

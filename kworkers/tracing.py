@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kworkers.activity import ActivityInvoker
-from kworkers.consumer.ports import Handler, Invoker
+from kworkers.consumer.ports import Handler, Invoker, Records
 from kworkers.message import Message
 
 TRACEPARENT = "traceparent"
@@ -213,24 +213,32 @@ class TracedInvoke:
             self._resolved = True
         return self._start
 
-    def _call(self, handler: Handler, msg: Message) -> Any:
+    def _call(self, handler: Handler, msg: Records) -> Any:
         return handler(msg) if self._inner is None else self._inner(handler, msg)
 
-    def __call__(self, handler: Handler, msg: Message) -> Any:
+    def __call__(self, handler: Handler, msg: Records) -> Any:
         start = self._starter()
         if start is None:
             return self._call(handler, msg)
         if inspect.iscoroutinefunction(handler):  # the loop's own test for an async handler
             return self._run_async(start, handler, msg)
-        parent, state = trace_context_of(msg)
-        with start(f"{msg.topic} process", parent, state, span_attributes(msg)):
+        with self._span(start, msg):
             return self._call(handler, msg)
 
-    async def _run_async(self, start: SpanStarter, handler: Handler, msg: Message) -> Any:
-        parent, state = trace_context_of(msg)
-        with start(f"{msg.topic} process", parent, state, span_attributes(msg)):
+    async def _run_async(self, start: SpanStarter, handler: Handler, msg: Records) -> Any:
+        with self._span(start, msg):
             pending: Awaitable[Any] = self._call(handler, msg)
             return await pending
+
+    @staticmethod
+    def _span(start: SpanStarter, msg: Records) -> AbstractContextManager[Any]:
+        """One span per attempt; a batch's span continues its first record's trace."""
+        first = msg[0] if isinstance(msg, list) else msg
+        parent, state = trace_context_of(first)
+        attrs = dict(span_attributes(first))
+        if isinstance(msg, list):
+            attrs["messaging.batch.message_count"] = len(msg)
+        return start(f"{first.topic} process", parent, state, attrs)
 
 
 #: the invoker to pass as ``Worker(invoke=...)``: the Worker's default activity context, inside

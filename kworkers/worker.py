@@ -8,6 +8,7 @@ lag, which is what KEDA scales on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Callable, Collection
 from queue import SimpleQueue
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from confluent_kafka import KafkaException
 
@@ -23,6 +24,7 @@ from kworkers.activity import ActivityInvoker
 from kworkers.admin import TopicSpec, create_topics
 from kworkers.clock import Clock, SystemClock
 from kworkers.config import WorkerConfig
+from kworkers.consumer.batching import BatchPolicy
 from kworkers.consumer.breaker import Breaker, State
 from kworkers.consumer.kafka import KafkaConsumerAdapter
 from kworkers.consumer.ports import Completion, ConsumerPort, Handler, Invoker
@@ -95,6 +97,7 @@ class Worker:
         self._invoke: Invoker = invoke or ActivityInvoker(idempotency, codec, lease_s,
                                                           self.clock)
         self._handler: Handler | None = None
+        self._batch = False
         self._loops: list[Processor] = []
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
@@ -112,6 +115,37 @@ class Worker:
         self._handler = fn
         return fn
 
+    @overload
+    def batch_handler(self, fn: H, /) -> H: ...
+
+    @overload
+    def batch_handler(self, fn: None = None, /, *, max_size: int | None = None,
+                      max_wait_s: float | None = None) -> Callable[[H], H]: ...
+
+    def batch_handler(self, fn: H | None = None, /, *, max_size: int | None = None,
+                      max_wait_s: float | None = None) -> H | Callable[[H], H]:
+        """Registers a batch handler: a plain or ``async def`` function of a ``list[Message]``
+        (at most ``max_size`` records of one partition, in order; see
+        ``kworkers.consumer.batching``).
+
+        Returning means every record of the batch is durable. Raise ``BatchError({msg: exc})``
+        to fail only some records (they go to the tiers or the DLQ, the rest are done); any
+        other exception fails the whole batch. Each record keeps its own key
+        (``activity.key_of(msg)``); the deadline (``message_timeout``) applies per batch.
+        """
+        def register(f: H) -> H:
+            if self._handler is not None:
+                raise ConfigError("a worker has one handler; route inside it by msg.topic")
+            old = self.config.batch
+            policy = BatchPolicy(old.max_size if max_size is None else max_size,
+                                 old.max_wait_s if max_wait_s is None else max_wait_s)
+            self.config = dataclasses.replace(self.config, batch=policy)
+            self._handler = f
+            self._batch = True
+            return f
+
+        return register(fn) if fn is not None else register
+
     def with_config(self, config: WorkerConfig) -> Worker:
         """A worker like this one under another config: same handler, metrics, clock, invoker
         and sender (how ``kworkers run`` applies flags, env and TOML to a user's worker)."""
@@ -123,7 +157,10 @@ class Worker:
         new = Worker(config=config, metrics=self.metrics, clock=self.clock,
                      jitter=self.jitter if same_seed else None, sender=self._sender,
                      consumer=self._consumer, invoke=self._invoke)
-        new.handler(self._handler)
+        if self._batch:
+            new.batch_handler(self._handler)
+        else:
+            new.handler(self._handler)
         return new
 
     @property
@@ -300,7 +337,8 @@ class Worker:
         hand_offs = HandOffStep(router, sender, self.metrics, consumer.group, done, self.clock,
                                 self._hard_stop, self.supervisor, classify, cfg.handoff_limit)
         runner = Runner(handler, self._invoke, hand_offs, runtime, self.clock,
-                        cfg.message_timeout, done, breaker, self._retryable)
+                        cfg.message_timeout, done, breaker, self._retryable,
+                        cfg.batch if self._batch else None)
         gate = None
         if tiers:
             max_ahead = max(cfg.tiers.delays) * 2 + cfg.retry.normalized().max_interval

@@ -104,10 +104,12 @@ def run_one(worker: Worker, metrics_port: int | None) -> int:
     server = None
     _mark_ready(worker)
     if metrics_port is not None:
-        server = MetricsServer(worker.metrics, metrics_port, ready=lambda: worker.ready).start()
+        server = MetricsServer(worker.metrics, metrics_port, ready=lambda: worker.ready,
+                               fault=lambda: worker.fault).start()
+        worker.supervisor.watch("kworkers-metrics", server.alive)
         log.info("metrics on :%d (/metrics, /healthz, /readyz)", server.port)
     try:
-        worker.run()
+        worker.run()  # WorkerFailed: one line, exit 1 (the orchestrator restarts the pod)
     finally:
         if server is not None:
             server.close()

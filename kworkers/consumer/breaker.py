@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kworkers.clock import Clock
+from kworkers.clock import Clock, Seconds
 from kworkers.errors import ConfigError
 
 
@@ -45,9 +45,9 @@ class BreakerPolicy:
     min_attempts: int = 20
     #: open → half-open after this many seconds (jittered by up to a fifth, so a pool of
     #: workers does not probe in step)
-    cooldown_s: float = 5.0
+    cooldown_s: Seconds = 5.0
     #: each failed probe doubles the cool-down, up to this
-    max_cooldown_s: float = 60.0
+    max_cooldown_s: Seconds = 60.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.failure_ratio, int | float) and 0 < self.failure_ratio <= 1):

@@ -20,7 +20,8 @@ log = logging.getLogger("kworkers.consumer")
 #: how often the watchdog looks (it walks every lane)
 CHECK_INTERVAL_S = 0.05
 
-Restart = Callable[[Lane, list[Item], int, Message], None]
+#: (lane, remaining items, new incarnation, the timed-out record or batch)
+Restart = Callable[[Lane, list[Item], int, Message | list[Message]], None]
 
 
 class DeadlineWatch:
@@ -46,8 +47,9 @@ class DeadlineWatch:
                         continue
                     lane.incarnation += 1
                     rest = lane.batch[lane.pos + 1:] + lane.queue
-                    lane.queue, lane.batch, lane.current = [], [], None
+                    timed_out: Message | list[Message] = lane.chunk or cur
+                    lane.queue, lane.batch, lane.current, lane.chunk = [], [], None, None
                     inc = lane.incarnation
                 log.warning("%s/%d@%d exceeded its %.1fs deadline", cur.topic, cur.partition,
                             cur.offset, self.limit)
-                self.restart(lane, rest, inc, cur)
+                self.restart(lane, rest, inc, timed_out)

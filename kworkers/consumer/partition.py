@@ -37,8 +37,8 @@ class Lane:
     runner (take the next batch, or go idle); everything else is the runner's own.
     """
 
-    __slots__ = ("batch", "current", "done", "incarnation", "lock", "part", "pos", "queue",
-                 "running", "started")
+    __slots__ = ("batch", "chunk", "current", "done", "incarnation", "lock", "part", "pos",
+                 "queue", "running", "started")
 
     def __init__(self, part: PartitionState) -> None:
         self.part = part
@@ -52,6 +52,8 @@ class Lane:
         self.started = 0.0
         self.batch: list[Item] = []
         self.pos = 0
+        #: the records of the batch a batch handler runs now (None: single records)
+        self.chunk: list[Message] | None = None
         #: offsets the current runner finished but has not reported yet; a revoke reads it so
         #: records done ahead of a slow one are committed, not redelivered
         self.done: list[int] = []

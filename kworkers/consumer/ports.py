@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from kworkers.consumer.partition import PartitionState
 
 TP = tuple[str, int]
-Handler = Callable[[Message], Any]
+Handler = Callable[..., Any]
+#: what a handler is called with: one record, or a batch of them (a batch handler)
+Records = Message | list[Message]
 #: what became of one record: handled, handed to a retry tier, or dead-lettered
 Outcome = Literal["ok", "retry", "dlq"]
 #: a runner's report to the poll thread: (partition state it was dispatched under, completed
@@ -46,10 +48,11 @@ class ConsumerPort(Protocol):
 
 
 class Invoker(Protocol):
-    """Runs a handler for one record (the activity context wraps it; see ``kworkers.activity``)."""
+    """Runs a handler for one record, or a batch handler for a batch (the activity context
+    wraps it; see ``kworkers.activity``)."""
 
-    def __call__(self, handler: Handler, msg: Message) -> Any: ...
+    def __call__(self, handler: Handler, msg: Records) -> Any: ...
 
 
-def plain_invoke(handler: Handler, msg: Message) -> Any:
+def plain_invoke(handler: Handler, msg: Records) -> Any:
     return handler(msg)

@@ -58,7 +58,9 @@ class Processor:
         self.metrics = metrics
         self.parts: dict[TP, PartitionState] = {}
         self.committer = Committer(consumer, metrics, group)
-        self.dispatcher = Dispatcher(self.parts, runner, config.ordering == "key", gate, clock)
+        # batch handlers take whole partitions (keys stay in order inside a batch)
+        key_lanes = config.ordering == "key" and runner.batch is None
+        self.dispatcher = Dispatcher(self.parts, runner, key_lanes, gate, clock)
         self.watch = (DeadlineWatch(config.message_timeout, clock, runner.start)
                       if runner.watched and config.message_timeout is not None else None)
         self.limits = backpressure.Limits(config.max_in_flight, config.max_in_flight_per_partition,

@@ -20,9 +20,11 @@ from queue import SimpleQueue
 from typing import Any, Protocol
 
 from kworkers.clock import Clock
+from kworkers.consumer.batching import BatchPolicy
 from kworkers.consumer.breaker import Breaker
 from kworkers.consumer.partition import Item, Lane, PartitionState, Poisoned
 from kworkers.consumer.ports import Completion, Handler, Invoker
+from kworkers.errors import BatchError
 from kworkers.message import Message
 
 #: a runner reports completions at least this often within a long batch
@@ -44,11 +46,22 @@ class HandOffRequest:
         self.exc = exc
 
 
-#: what ``Runner.steps`` yields: a record to run, or a failure to hand off
-Request = Message | HandOffRequest
-#: sent back: the handler's exception (or None) for a record; for a hand-off, True when the
-#: hand-off step took it (it completes the offset on acknowledgement), False when abandoned
+class Wait:
+    """Asked of the runtime by a batch runner filling a batch: pause a moment (sleep or await)."""
+
+    SECONDS = 0.002
+
+
+WAIT = Wait()
+#: what ``Runner.steps`` yields: a record (or a batch of records) to run, a failure to hand off,
+#: or a short wait while a batch fills
+Request = Message | list[Message] | HandOffRequest | Wait
+#: sent back: the handler's exception (or None) for a record or a batch; for a hand-off, True
+#: when the hand-off step took it (it completes the offset on acknowledgement), False when
+#: abandoned; nothing for a wait
 Steps = Generator[Request, Any, None]
+#: the record a watchdog took a lane for, or the whole batch
+TimedOut = Message | list[Message]
 
 
 class HandOffs(Protocol):
@@ -68,7 +81,7 @@ class Runtime(Protocol):
     is_async: bool
 
     def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
-            timed_out: Message | None) -> None: ...
+            timed_out: TimedOut | None) -> None: ...
 
     def alive(self) -> bool: ...
 
@@ -136,7 +149,8 @@ class Runner:
     def __init__(self, handler: Handler, invoke: Invoker, hand_offs: HandOffs, runtime: Runtime,
                  clock: Clock, message_timeout: float | None, done: SimpleQueue[Completion],
                  breaker: Breaker | None = None,
-                 retryable: Callable[[BaseException], bool] = lambda _e: True) -> None:
+                 retryable: Callable[[BaseException], bool] = lambda _e: True,
+                 batch: BatchPolicy | None = None) -> None:
         self.handler = handler
         self.invoke = invoke
         self.hand_offs = hand_offs
@@ -151,30 +165,43 @@ class Runner:
         self.breaker = breaker
         #: whether a failure counts against the dependency (the breaker ignores bad input)
         self.retryable = retryable
+        #: set for a batch handler: how its batches are cut
+        self.batch = batch
 
     def start(self, lane: Lane, items: list[Item], inc: int,
-              timed_out: Message | None = None) -> None:
+              timed_out: TimedOut | None = None) -> None:
         self.runtime.run(self, lane, items, inc, timed_out)
 
     def hand_off(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
         return self.hand_offs.submit(ps, msg, exc)
 
-    def steps(self, lane: Lane, batch: list[Item], inc: int, timed_out: Message | None) -> Steps:
+    def steps(self, lane: Lane, batch: list[Item], inc: int,
+              timed_out: TimedOut | None) -> Steps:
         """A runner's whole pass over ``lane``, starting with ``batch`` (see the module doc).
 
-        ``timed_out`` is the record the deadline watchdog took this lane from a stuck runner
-        for: it is handed off as a TimeoutError first. Whenever the lane's incarnation moves on
-        (the watchdog took it), this runner stops and its later results are fenced.
+        ``timed_out`` is the record (or batch) the deadline watchdog took this lane from a stuck
+        runner for: it is handed off as a TimeoutError first. Whenever the lane's incarnation
+        moves on (the watchdog took it), this runner stops and its later results are fenced.
         """
+        if self.batch is not None:
+            return self._batch_steps(lane, batch, inc, timed_out, self.batch)
+        return self._record_steps(lane, batch, inc, timed_out)
+
+    def _timed_out(self, timed_out: TimedOut) -> list[HandOffRequest]:
+        records = timed_out if isinstance(timed_out, list) else [timed_out]
+        what = "batch" if self.batch is not None else "handler"
+        return [HandOffRequest(m, TimeoutError(f"{what} exceeded its {self.timeout}s deadline"))
+                for m in records]
+
+    def _record_steps(self, lane: Lane, batch: list[Item], inc: int,
+                      timed_out: TimedOut | None) -> Steps:
         ps = lane.part
         watched = self.watched
         breaker = self.breaker
         now = self.clock.monotonic
         prog = Progress(self.done, lane, self.clock)
-        if timed_out is not None:
-            taken = yield HandOffRequest(timed_out, TimeoutError(
-                f"handler exceeded its {self.timeout}s deadline"))
-            if not taken:
+        for req in self._timed_out(timed_out) if timed_out is not None else ():
+            if not (yield req):
                 prog.finish(inc)
                 return
         while True:
@@ -221,6 +248,90 @@ class Runner:
             if nxt is None:
                 return
             batch = nxt
+
+    def _batch_steps(self, lane: Lane, items: list[Item], inc: int,
+                     timed_out: TimedOut | None, policy: BatchPolicy) -> Steps:
+        """The runner of a batch handler: batches of at most ``max_size`` records of the lane,
+        poisoned records handed off on their own first. Returning completes the whole batch; a
+        ``BatchError`` hands off the records it names and completes the rest; any other
+        exception hands off every record of the batch."""
+        ps = lane.part
+        watched, breaker, now = self.watched, self.breaker, self.clock.monotonic
+        prog = Progress(self.done, lane, self.clock)
+        for req in self._timed_out(timed_out) if timed_out is not None else ():
+            if not (yield req):
+                prog.finish(inc)
+                return
+        pending = items
+        while True:
+            if policy.max_wait_s is not None and len(pending) < policy.max_size:
+                until = now() + policy.max_wait_s
+                while len(pending) < policy.max_size and not ps.halted and now() < until:
+                    more = self._take(lane, inc, policy.max_size - len(pending))
+                    if more is None:
+                        return  # the watchdog took the lane
+                    if more:
+                        pending = pending + more
+                    else:
+                        yield WAIT
+            if ps.halted:
+                prog.finish(inc)
+                return
+            chunk, pending = pending[:policy.max_size], pending[policy.max_size:]
+            records: list[Message] = []
+            for item in chunk:
+                if isinstance(item, Poisoned):
+                    if not (yield HandOffRequest(item.msg, item.exc)):
+                        prog.finish(inc)
+                        return
+                else:
+                    records.append(item)
+            if records:
+                if breaker is not None and not breaker.admit():
+                    prog.hold(inc, [*records, *pending])
+                    return
+                if watched:
+                    with lane.lock:
+                        if lane.incarnation != inc:
+                            return
+                        lane.current, lane.chunk, lane.started = records[0], records, now()
+                        lane.batch, lane.pos = pending, -1
+                err = yield records
+                if watched:
+                    if lane.incarnation != inc:
+                        prog.post()
+                        return  # the deadline already routed this batch: late, fenced
+                    lane.current, lane.chunk = None, None
+                if breaker is not None:
+                    breaker.record(
+                        True if err is None else False if self.retryable(err) else None)
+                failed: dict[Message, BaseException] = {}
+                if isinstance(err, BatchError):
+                    failed = err.failures
+                elif err is not None:
+                    failed = {m: err for m in records}
+                for m in records:
+                    exc = failed.get(m)
+                    if exc is None:
+                        prog.record(m.offset)
+                    elif not (yield HandOffRequest(m, exc)):
+                        prog.finish(inc)
+                        return
+            prog.post()
+            if not pending:
+                nxt = self._next_batch(lane, inc)
+                if nxt is None:
+                    return
+                pending = nxt
+
+    @staticmethod
+    def _take(lane: Lane, inc: int, n: int) -> list[Item] | None:
+        """Up to ``n`` more queued records for the batch being filled (None: lane taken)."""
+        with lane.lock:
+            if lane.incarnation != inc:
+                return None
+            more, lane.queue = lane.queue[:n], lane.queue[n:]
+            return more
 
     @staticmethod
     def _next_batch(lane: Lane, inc: int) -> list[Item] | None:

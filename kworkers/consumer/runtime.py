@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any
 
 from kworkers.clock import Clock
 from kworkers.consumer.partition import Item, Lane
-from kworkers.consumer.runner import HandOffRequest, Runner, current_lane
+from kworkers.consumer.runner import HandOffRequest, Runner, TimedOut, Wait, current_lane
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
 
@@ -59,7 +60,7 @@ class ThreadRuntime:
             t.start()
 
     def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
-            timed_out: Message | None) -> None:
+            timed_out: TimedOut | None) -> None:
         self._q.put((_drive_sync, (runner, lane, items, inc, timed_out)))
 
     def _work(self, call: _Call) -> None:
@@ -94,7 +95,7 @@ class ThreadRuntime:
 
 
 def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
-                timed_out: Message | None, call: _Call) -> None:
+                timed_out: TimedOut | None, call: _Call) -> None:
     current_lane.set(lane)
     steps = runner.steps(lane, items, inc, timed_out)
     send = steps.send
@@ -106,8 +107,12 @@ def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
             if isinstance(req, HandOffRequest):
                 req = send(hand_off(ps, req.msg, req.exc))
                 continue
+            if isinstance(req, Wait):
+                time.sleep(Wait.SECONDS)
+                req = send(None)
+                continue
             call.started = now()
-            call.msg = req
+            call.msg = req if isinstance(req, Message) else req[0]
             try:
                 invoke(handler, req)
             except Exception as exc:
@@ -160,7 +165,7 @@ class AsyncRuntime:
         self.loop.run_forever()
 
     def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
-            timed_out: Message | None) -> None:
+            timed_out: TimedOut | None) -> None:
         self.submit(self._drive(runner, lane, items, inc, timed_out))
 
     def submit(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -192,7 +197,7 @@ class AsyncRuntime:
         self._answered = self.clock.monotonic()
 
     async def _drive(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
-                     timed_out: Message | None) -> None:
+                     timed_out: TimedOut | None) -> None:
         current_lane.set(lane)
         steps = runner.steps(lane, items, inc, timed_out)
         sem = self.semaphore
@@ -206,6 +211,10 @@ class AsyncRuntime:
                     if not runner.hand_offs.has_room():
                         await asyncio.to_thread(runner.hand_offs.wait_room, ps)
                     req = steps.send(runner.hand_off(ps, req.msg, req.exc))
+                    continue
+                if isinstance(req, Wait):
+                    await asyncio.sleep(Wait.SECONDS)
+                    req = steps.send(None)
                     continue
                 result: BaseException | None = None
                 try:

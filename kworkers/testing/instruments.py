@@ -37,14 +37,15 @@ def message_key(msg: Message) -> str:
 class RecordingInvoker:
     """An ``Invoker`` that records each delivery, then calls ``inner``."""
 
-    def __init__(self, ledger: Ledger, inner: Callable[[Callable[[Message], Any], Message], Any],
+    def __init__(self, ledger: Ledger, inner: Callable[[Callable[..., Any], Any], Any],
                  key_of: Callable[[Message], str] = message_key) -> None:
         self.ledger = ledger
         self.inner = inner
         self.key_of = key_of
 
-    def __call__(self, handler: Callable[[Message], Any], msg: Message) -> Any:
-        self.ledger.delivered(self.key_of(msg), msg)
+    def __call__(self, handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
+        for m in msg if isinstance(msg, list) else (msg,):
+            self.ledger.delivered(self.key_of(m), m)
         return self.inner(handler, msg)
 
 

@@ -1,0 +1,68 @@
+"""A slow worker for the fast-leave tests: every handler start and every applied effect goes to
+the append-only ledger (in the idempotency store's database, so the effect row commits with the
+done-mark).
+
+    python -m tests.apps.leave_worker BOOTSTRAP TOPIC GROUP STORE_URL [options]
+
+``--slow-ms``: each handler call sleeps this long before its effect. ``--linger OFFSET:SECONDS``
+(repeatable): the record at OFFSET of partition 0 sleeps this long *after* its effect (a slow
+acknowledgement downstream), so a stop that does not wait for it leaves an applied effect whose
+offset is not committed: the next owner gets the record again and the receiver absorbs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+from kworkers import Message, Worker
+from kworkers.activity import ActivityInvoker
+from kworkers.idempotency import open_store
+from kworkers.testing.instruments import RecordingInvoker, message_key
+from kworkers.testing.ledger import Ledger
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bootstrap")
+    ap.add_argument("topic")
+    ap.add_argument("group")
+    ap.add_argument("store")
+    ap.add_argument("--slow-ms", type=float, default=0.0)
+    ap.add_argument("--linger", action="append", default=[], metavar="OFFSET:SECONDS")
+    ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--message-timeout", type=float, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(name)s %(message)s")
+    linger = {int(o): float(s) for o, s in (x.split(":") for x in args.linger)}
+    store: Any = open_store(args.store)
+    ledger = Ledger.on_store(store)
+    worker = Worker(
+        topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
+        consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        drain_timeout=args.drain_timeout, message_timeout=args.message_timeout,
+        invoke=RecordingInvoker(ledger, ActivityInvoker()),
+    )
+
+    @worker.handler
+    def handle(msg: Message) -> None:
+        key = message_key(msg)
+        if args.slow_ms:
+            time.sleep(args.slow_ms / 1000)
+        store.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))
+        if msg.partition == 0 and msg.offset in linger:
+            time.sleep(linger[msg.offset])
+
+    worker.create_topics()  # idempotent
+    print("worker ready", flush=True)
+    worker.run()
+    print("worker stopped cleanly", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
