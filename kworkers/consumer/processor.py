@@ -87,8 +87,16 @@ class Processor:
     # ------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
-        """Begin a graceful stop: fetch nothing more, drain, commit, leave the group."""
+        """Begin a graceful stop: start no further record now (any thread, a signal handler
+        included); the poll loop then drains, commits and leaves the group."""
         self._stop.set()
+        for _ in range(3):  # the poll thread may be changing the assignment meanwhile
+            try:
+                for ps in list(self.parts.values()):
+                    ps.halted = True
+                return
+            except RuntimeError:
+                continue
 
     def run(self) -> None:
         self.consumer.subscribe(self.topics, self._on_assign, self._on_revoke, self._on_lost)

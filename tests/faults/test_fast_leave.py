@@ -52,10 +52,11 @@ def test_sigterm_with_a_backlog_finishes_started_records_only(kafka_broker: Brok
         ledger = _ledger(tmp_path)
         by_a = [d for d in ledger.deliveries() if d.pid == a.pid]
         started_after = [d for d in by_a if d.at > signalled]
-        # At most one record per partition lane may start between our clock reading and the
-        # signal's arrival; the fetched backlog (hundreds per partition) never starts.
-        assert len(started_after) <= parts, started_after
-        assert len(by_a) < total // 2  # the backlog was there, and was given back
+        backlog = total - (len(by_a) - len(started_after))
+        # Records start until the signal reaches the poll thread (it runs between two polls,
+        # each up to 0.1 s) and halts the lanes; the fetched backlog is never worked through:
+        # before this fix the drain ran it down for drain_timeout (all of it, here).
+        assert len(started_after) < backlog // 10, (len(started_after), backlog)
         b.start()
         wait_for(lambda: len(_ledger(tmp_path).applications()) == total, 180, "B finished")
         assert b.terminate(60) == 0, b.log()[-3000:]
