@@ -33,6 +33,7 @@ SIDES: dict[str, str] = {
     "faststream": "benchmarks.sides_peers:faststream",
     "kworkers": "benchmarks.sides_kworkers:sync_noop",
     "kworkers_async": "benchmarks.sides_kworkers:async_noop",
+    "kworkers_inline": "benchmarks.sides_kworkers:inline_noop",
     "kworkers_batch": "benchmarks.sides_kworkers:batch_noop",
     "slow_io": "benchmarks.slow_io:side",
     "rebalance": "benchmarks.rebalance:side",

@@ -4,9 +4,9 @@ Sides, each in its own process, alternated round by round with a fresh group eac
 is ``benchmarks.method``):
 
 - ``raw``: confluent-kafka ``consume(500)`` loop, a synchronous commit a second;
-- ``kworkers`` (sync no-op handler), ``kworkers_async`` (``async def`` no-op), and
-  ``kworkers_batch`` (a handler of a list of records; "not available" until ``Worker`` has
-  batch handlers);
+- ``kworkers`` (sync no-op handler, on the handler threads: the default), ``kworkers_inline``
+  (the same handler on the poll thread, ``execution="inline"``, opt-in), ``kworkers_async``
+  (``async def`` no-op), and ``kworkers_batch`` (a batch handler of a list of records);
 - ``quix``: quixstreams ``Application`` + ``StreamingDataFrame.update``;
 - ``arroyo``: ``StreamProcessor`` + ``RunTask`` + ``CommitOffsets``, ``ONCE_PER_SECOND``;
 - ``faststream``: faststream's confluent ``KafkaBroker`` with one default subscriber, and
@@ -32,6 +32,7 @@ PARTITIONS = 6
 VALUE_SIZE = 100
 AIMS = (  # issue #18: (side, against, at least)
     ("kworkers", "raw", 0.8),
+    ("kworkers_inline", "raw", 0.8),
     ("kworkers_async", "raw", 0.6),
     ("kworkers_batch", "raw", 0.9),
     ("kworkers", "quix", 1.5),
@@ -41,6 +42,7 @@ AIMS = (  # issue #18: (side, against, at least)
 
 def sides(mode: Mode, n_slow: int) -> list[Side]:
     out = [Side("raw", "raw"), Side("kworkers", "kworkers"),
+           Side("kworkers_inline", "kworkers_inline"),
            Side("kworkers_async", "kworkers_async"), Side("kworkers_batch", "kworkers_batch")]
     for peer in peer_envs.PEERS:
         variants = [(peer.label, n_slow if peer.name == "faststream" else None, {})]
@@ -84,7 +86,8 @@ def main(mode: Mode) -> None:
                   cmp.read_ahead)
     aims(summaries)
     figures: dict[str, float | int | str] = {}
-    for label in ("raw", "kworkers", "kworkers_async", "kworkers_batch", "quix", "arroyo",
+    for label in ("raw", "kworkers", "kworkers_inline", "kworkers_async", "kworkers_batch",
+                  "quix", "arroyo",
                   "faststream", "faststream_batch"):
         s = summaries[label]
         figures[f"{label}_mps"] = round(s.mps) if s.ok else "n/a"

@@ -20,13 +20,13 @@ POLICIES = {"default": CommitPolicy(), "never": NEVER}
 
 
 def run_worker(spec: dict[str, Any], meter: Meter,
-               register: Callable[[Worker], None]) -> dict[str, Any]:
+               register: Callable[[Worker], None], execution: str = "threads") -> dict[str, Any]:
     """Builds the worker, lets ``register`` give it its handler, and runs it until ``n``."""
     options = spec.get("options", {})
     w = Worker(topics=[spec["topic"]], group_id=spec["group"],
                bootstrap_servers=spec["bootstrap"],
                consumer_config=dict(spec.get("consumer_config") or {}),
-               commit=POLICIES[options.get("commit", "default")])
+               commit=POLICIES[options.get("commit", "default")], execution=execution)
     register(w)
     w.create_topics()  # tier and DLQ topics: set-up, before the clock starts
     extra: dict[str, Any] = {}
@@ -64,6 +64,18 @@ def sync_noop(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
             hit()
 
     return run_worker(spec, meter, register)
+
+
+def inline_noop(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
+    """The sync no-op handler on the poll thread (``execution="inline"``, opt-in)."""
+    hit = meter.hit
+
+    def register(w: Worker) -> None:
+        @w.handler
+        def handle(msg: Message) -> None:
+            hit()
+
+    return run_worker(spec, meter, register, execution="inline")
 
 
 def async_noop(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:

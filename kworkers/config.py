@@ -21,6 +21,9 @@ from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.topic_names import is_derived, retry_group
 
 Ordering = Literal["partition", "key"]
+#: where sync handlers run: a thread pool (the default: a handler never blocks the poll loop), or
+#: the poll thread itself (opt-in, for fast handlers: no hand-over between threads)
+Execution = Literal["threads", "inline"]
 GroupProtocol = Literal["classic", "consumer"]
 
 # Settings kworkers owns: a user's consumer_config may not override them, because the
@@ -47,6 +50,7 @@ class WorkerConfig:
     ordering: Ordering = "partition"
     #: handler executions at once: threads for sync handlers, tasks for async ones
     concurrency: int = 8
+    execution: Execution = "threads"
     max_in_flight: int = 20_000
     max_in_flight_per_partition: int = 5_000
     #: per-message deadline in seconds (None: no deadline); a heartbeat extends it
@@ -97,6 +101,8 @@ class WorkerConfig:
             raise ConfigError("bootstrap_servers: must not be empty")
         if self.ordering not in ("partition", "key"):
             raise ConfigError(f"ordering: 'partition' or 'key', got {self.ordering!r}")
+        if self.execution not in ("threads", "inline"):
+            raise ConfigError(f"execution: 'threads' or 'inline', got {self.execution!r}")
         if self.group_protocol not in ("classic", "consumer"):
             raise ConfigError(
                 f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")

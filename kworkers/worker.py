@@ -30,7 +30,7 @@ from kworkers.consumer.kafka import KafkaConsumerAdapter
 from kworkers.consumer.ports import Completion, ConsumerPort, Handler, Invoker
 from kworkers.consumer.processor import Processor
 from kworkers.consumer.runner import Runner, Runtime
-from kworkers.consumer.runtime import AsyncRuntime, ThreadRuntime
+from kworkers.consumer.runtime import AsyncRuntime, InlineRuntime, ThreadRuntime
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError, WorkerFailed, failure_type, is_non_retryable
@@ -251,8 +251,7 @@ class Worker:
         cfg = self.config
         handler = self._handler
         sup = self.supervisor
-        runtime: Runtime = (AsyncRuntime(cfg.concurrency, sup, self.clock) if _is_async(handler)
-                            else ThreadRuntime(cfg.concurrency, sup, self.clock))
+        runtime = self._runtime(handler)
         classify: Callable[[BaseException], SendErrorKind] = all_transient
         sender = self._sender
         if sender is None:
@@ -290,6 +289,17 @@ class Worker:
             log.info("worker %s stopped", cfg.group_id)
         if sup.fault is not None:
             raise WorkerFailed(f"worker {cfg.group_id} stopped: {sup.fault}")
+
+    def _runtime(self, handler: Handler) -> Runtime:
+        cfg, sup = self.config, self.supervisor
+        if _is_async(handler):
+            if cfg.execution == "inline":
+                raise ConfigError("execution='inline' runs sync handlers on the poll thread; "
+                                  "an async handler runs on its event loop (use 'threads')")
+            return AsyncRuntime(cfg.concurrency, sup, self.clock)
+        if cfg.execution == "inline":
+            return InlineRuntime(sup, self.clock, cfg.message_timeout, cfg.stall_bound())
+        return ThreadRuntime(cfg.concurrency, sup, self.clock)
 
     def _run_tier(self, tier: Processor) -> None:
         try:

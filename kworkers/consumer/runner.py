@@ -79,6 +79,8 @@ class Runtime(Protocol):
     """Where runners execute: ``ThreadRuntime`` (sync handlers) or ``AsyncRuntime``."""
 
     is_async: bool
+    #: runners execute on the thread that starts them (the poll thread)
+    is_inline: bool
 
     def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
             timed_out: TimedOut | None) -> None: ...
@@ -157,9 +159,10 @@ class Runner:
         self.runtime = runtime
         self.clock = clock
         self.timeout = message_timeout
-        #: sync handlers are watched by the poll thread's deadline watchdog (async ones are
-        #: bounded by ``asyncio.wait_for`` in their runtime)
-        self.watched = message_timeout is not None and not runtime.is_async
+        #: sync handlers on threads are watched by the poll thread's deadline watchdog (async
+        #: ones are bounded by ``asyncio.wait_for``, inline ones when their call returns)
+        self.watched = (message_timeout is not None and not runtime.is_async
+                        and not runtime.is_inline)
         #: where runners and the hand-off step report completions to the poll thread
         self.done = done
         self.breaker = breaker

@@ -45,6 +45,7 @@ class ThreadRuntime:
     """A pool of daemon threads; each runner occupies one thread while its lane has work."""
 
     is_async = False
+    is_inline = False
 
     def __init__(self, size: int, supervisor: Supervisor, clock: Clock,
                  name: str = "kworkers-handler") -> None:
@@ -95,7 +96,10 @@ class ThreadRuntime:
 
 
 def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
-                timed_out: TimedOut | None, call: _Call) -> None:
+                timed_out: TimedOut | None, call: _Call, deadline: float | None = None) -> None:
+    """Drives ``Runner.steps`` with plain calls. ``deadline``: the inline runtime's per-call
+    bound, judged when the call returns (nothing can interrupt the poll thread): an overrun is
+    a ``TimeoutError`` attempt, its result discarded, as the threaded watchdog would have it."""
     current_lane.set(lane)
     steps = runner.steps(lane, items, inc, timed_out)
     send = steps.send
@@ -111,16 +115,17 @@ def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
                 time.sleep(Wait.SECONDS)
                 req = send(None)
                 continue
-            call.started = now()
+            call.started = started = now()
             call.msg = req if isinstance(req, Message) else req[0]
+            result: BaseException | None = None
             try:
                 invoke(handler, req)
             except Exception as exc:
-                call.msg = None
-                req = send(exc)
-            else:
-                call.msg = None
-                req = send(None)
+                result = exc
+            call.msg = None
+            if deadline is not None and now() - started > deadline:
+                result = TimeoutError(f"handler exceeded its {deadline}s deadline")
+            req = send(result)
     except StopIteration:
         pass
     except BaseException:
@@ -138,10 +143,75 @@ def _abandon(lane: Lane, call: _Call | None = None) -> None:
         lane.current = None
 
 
+class InlineRuntime:
+    """Runs each runner on the thread that starts it: the poll thread (``execution="inline"``).
+
+    Opt-in, for fast sync handlers: no hand-over between threads, no GIL ping-pong, so a
+    handler costs little more than the poll itself. The price: while a handler runs, nothing
+    polls, so a handler must stay well inside ``max.poll.interval.ms``. The deadline is kept:
+    a call past ``message_timeout`` becomes a ``TimeoutError`` attempt when it returns (its
+    result discarded); and a watchdog thread reports a call hung past the stall bound to the
+    supervisor (``/healthz`` 503), since the poll thread itself cannot.
+    """
+
+    is_async = False
+    is_inline = True
+
+    def __init__(self, supervisor: Supervisor, clock: Clock, deadline: float | None,
+                 stall_bound: float | None) -> None:
+        self.supervisor = supervisor
+        self.clock = clock
+        self.deadline = deadline
+        self.stall_bound = stall_bound
+        #: per poll thread (the main loop's and the retry loop's)
+        self._calls: dict[int, _Call] = {}
+        self._closed = threading.Event()
+        self._watch = threading.Thread(target=self._watchdog, name="kworkers-inline-watch",
+                                       daemon=True)
+        if stall_bound is not None:
+            self._watch.start()
+
+    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+            timed_out: TimedOut | None) -> None:
+        call = self._calls.get(threading.get_ident())
+        if call is None:
+            call = self._calls[threading.get_ident()] = _Call()
+        try:
+            _drive_sync(runner, lane, items, inc, timed_out, call, self.deadline)
+        except BaseException as exc:
+            self.supervisor.fail("poll thread (inline handler)",
+                                 f"a runner raised {type(exc).__name__}: {exc}")
+            log.error("inline runner crashed", exc_info=exc)
+
+    def _watchdog(self) -> None:
+        assert self.stall_bound is not None
+        while not self._closed.wait(1.0):
+            stuck = self.stalled(self.stall_bound)
+            if stuck is not None:
+                self.supervisor.fail("poll thread (inline handler)",
+                                     f"{stuck} (bound {self.stall_bound:.0f}s)")
+
+    def alive(self) -> bool:
+        return True
+
+    def stalled(self, bound: float) -> str | None:
+        now = self.clock.monotonic()
+        for call in list(self._calls.values()):
+            msg = call.msg
+            if msg is not None and now - call.started > bound:
+                return (f"a poll thread has been running {msg.topic}/{msg.partition}@"
+                        f"{msg.offset} for {now - call.started:.0f}s")
+        return None
+
+    def shutdown(self) -> None:
+        self._closed.set()
+
+
 class AsyncRuntime:
     """One event loop in a thread of its own; the poll thread submits runners to it."""
 
     is_async = True
+    is_inline = False
 
     def __init__(self, concurrency: int, supervisor: Supervisor, clock: Clock) -> None:
         self.supervisor = supervisor

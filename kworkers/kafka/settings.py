@@ -185,6 +185,9 @@ def consumer_settings(client: ClientSettings | str, group: str, protocol: str = 
         "auto.offset.reset": "earliest",
         # Headroom for a paused partition's heartbeat-only polls; handlers never run here.
         "max.poll.interval.ms": 300_000,
+        # librdkafka waits this long before fetching a partition again once its local queue was
+        # full (default 1000 ms): with a backlog that is a one-second stall per full queue.
+        "fetch.queue.backoff.ms": 10,
         "log_level": 4,
     }
     if protocol == "classic":

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from kworkers import Worker
+from kworkers import ConfigError, Worker
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
@@ -277,3 +277,43 @@ def test_a_graceful_stop_does_not_wait_past_the_message_deadline() -> None:
     h.stop()  # returns although offset 1 is still running: the deadline bounds the wait
     release.set()
     assert consumer.commits[-1][0] == {("t", 0): 1}  # offset 1 is left to the next owner
+
+
+def test_inline_execution_runs_handlers_on_the_poll_thread_and_keeps_the_deadline() -> None:
+    consumer = ScriptedConsumer(_msgs(5), [])
+    threads: set[str] = set()
+    sender = RecordingSender()
+    idle = _idle("g.retry")
+    consumer.go.set()
+    w = Worker(topics=["t"], group_id="g", sender=sender, execution="inline",
+               message_timeout=0.2, consumer=lambda g: consumer if g == "g" else idle)
+
+    @w.handler
+    def handle(msg: Message) -> None:
+        threads.add(threading.current_thread().name)
+        if msg.offset == 2:
+            time.sleep(0.4)  # past its deadline: a TimeoutError attempt when it returns
+
+    t = threading.Thread(target=w.run, args=(False,), name="poll", daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not any(p == {("t", 0): 5} for p, _ in consumer.commits) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.stop()
+    t.join(30)
+    assert threads == {"poll"}
+    assert sender.sent == [("t.retry.1s", b"2")]
+
+
+def test_inline_execution_refuses_an_async_handler() -> None:
+    consumer = ScriptedConsumer([], [])
+    w = Worker(topics=["t"], group_id="g", execution="inline", sender=RecordingSender(),
+               consumer=lambda g: consumer)
+
+    @w.handler
+    async def handle(msg: Message) -> None:
+        pass
+
+    with pytest.raises(ConfigError, match="inline"):
+        w.run(install_signals=False)

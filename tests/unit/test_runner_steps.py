@@ -14,6 +14,7 @@ from kworkers.message import Message
 
 class _NoRuntime:
     is_async = False
+    is_inline = False
 
     def run(self, *_a: object) -> None:
         raise AssertionError("the test drives the skeleton itself")
