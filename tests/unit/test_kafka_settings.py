@@ -29,6 +29,7 @@ def test_a_bare_address_gives_the_configurations_kworkers_always_used() -> None:
         "bootstrap.servers": "h:1", "group.id": "g", "enable.auto.commit": False,
         "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
         "group.protocol": "classic", "max.poll.interval.ms": 300_000, "log_level": 4,
+        "fetch.queue.backoff.ms": 10,
         "partition.assignment.strategy": "cooperative-sticky", "fetch.min.bytes": 10}
     assert "partition.assignment.strategy" not in consumer_settings("h:1", "g", "consumer")
     assert producer_settings("h:1", {"linger.ms": 50}) == {
