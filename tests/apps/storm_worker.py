@@ -36,5 +36,5 @@ worker = Worker(
 def handle(msg: Message) -> None:
     if os.path.exists(DOWN):
         raise ConnectionError("downstream is down")
-    key = message_key(msg)
+    key = f"{msg.topic}/{message_key(msg)}"  # a shared PostgreSQL outlives one test's topic
     store.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))

@@ -135,7 +135,7 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool) -> Storm:
             proc.kill()
         log.close()
     out = log_path.read_text("utf-8", "replace")
-    report = check(ledger, log=None, expected={f"{i}" for i in range(n)})
+    report = check(ledger, log=None, expected={f"{topic}/{i}" for i in range(n)})
     source = read_log(bs, topic)
     return Storm(report, code, out, health, rss, tier_writes,
                  sum(len(r) for r in source.records.values()))

@@ -317,3 +317,35 @@ def test_inline_execution_refuses_an_async_handler() -> None:
 
     with pytest.raises(ConfigError, match="inline"):
         w.run(install_signals=False)
+
+
+def test_an_open_breaker_holds_records_and_they_all_run_once_it_closes() -> None:
+    from kworkers import BreakerPolicy
+
+    consumer = ScriptedConsumer(_msgs(300), [])
+    down = threading.Event()
+    down.set()
+    ok: Counter[int] = Counter()
+
+    def handle(msg: Message) -> None:
+        if down.is_set():
+            raise ConnectionError("down")
+        ok[msg.offset] += 1
+
+    h, _sleeps, metrics = _loop(consumer, handle, consume_batch=50, breaker=BreakerPolicy(
+        min_attempts=5, window_s=5, cooldown_s=0.2, max_cooldown_s=0.4))
+    h.start()
+    deadline = time.monotonic() + 10
+    while metrics.breaker_state.labels("g")._value.get() != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert metrics.breaker_state.labels("g")._value.get() == 2  # open
+    time.sleep(0.5)
+    down.clear()
+    deadline = time.monotonic() + 20
+    while not any(p == {("t", 0): 300} for p, _ in consumer.commits) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+    h.stop()
+    failed = len(h.worker._sender.sent)  # type: ignore[union-attr]
+    assert failed < 300 // 10  # held, not flooded into the tiers
+    assert len(ok) + failed == 300 and max(ok.values()) == 1
