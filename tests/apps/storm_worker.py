@@ -17,6 +17,7 @@ from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.idempotency import open_store
 from kworkers.testing.instruments import message_key
 from kworkers.testing.ledger import Ledger
+from kworkers.topic_names import source_topic_of
 
 DOWN = os.environ.get("STORM_DOWN", "/nonexistent")
 store: Any = open_store(os.environ.get("STORM_STORE", "sqlite:///tmp/storm-store.db"))
@@ -36,5 +37,6 @@ worker = Worker(
 def handle(msg: Message) -> None:
     if os.path.exists(DOWN):
         raise ConnectionError("downstream is down")
-    key = f"{msg.topic}/{message_key(msg)}"  # a shared PostgreSQL outlives one test's topic
+    # the source topic in the key: a shared PostgreSQL outlives one test's topic
+    key = f"{source_topic_of(msg.topic)}/{message_key(msg)}"
     store.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))
