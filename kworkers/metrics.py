@@ -37,6 +37,7 @@ MetricName = Literal[
     "kworkers_commits_total",
     "kworkers_commit_failures_total",
     "kworkers_commit_uncertain_total",
+    "kworkers_commits_deferred_total",
     "kworkers_handoff_failures_total",
     "kworkers_handoff_blocked",
     "kworkers_fenced_results_total",
@@ -91,6 +92,9 @@ class Metrics:
             "kworkers_commit_uncertain",
             "Commits whose outcome is unknown (permanent error after a retryable one)",
             ["group"], registry=r)
+        self.commit_deferred = Counter(
+            "kworkers_commits_deferred", "Commits refused while the group rebalanced (the next "
+            "commit carries their positions)", ["group"], registry=r)
         self.handoff_failures = Counter(
             "kworkers_handoff_failures", "Retry/DLQ produce attempts not acknowledged",
             ["group", "destination"], registry=r)

@@ -10,6 +10,12 @@ attempts with waits of 100, 200, 400 and 800 ms. A permanent error on the first 
 reported as a confirmed failure (the next commit or a redelivery covers it). A permanent error
 *after* a retryable one is uncertain: an earlier attempt may have committed. It is counted once
 and never reported as a confirmed failure.
+
+A commit refused because the group is rebalancing (rebalance in progress, an old generation or
+member epoch) is neither: the broker refused it for now, and the waits would only stall the
+poll thread, and with it every retained partition, while the rebalance completes (it completes
+only if this member keeps polling). Such a commit is DEFERRED at once: nothing was committed,
+the positions stay tracked, and the next commit carries them.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class CommitOutcome(enum.Enum):
     #: confirmed not committed: a redelivery or the next commit covers it
     FAILED = "failed"
     UNCERTAIN = "uncertain"  # a retryable error, then a permanent one: it may have committed
+    #: refused while the group rebalances: not committed; the next commit carries it
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,10 @@ def commit_with_retry(
     is_retryable: Callable[[BaseException], bool],
     sleep: Callable[[float], None],
     waits: Sequence[float] = COMMIT_RETRY_WAITS,
+    is_rebalancing: Callable[[BaseException], bool] = lambda _exc: False,
 ) -> CommitResult:
-    """Runs ``commit`` until it succeeds, fails for good, or the retry budget is spent."""
+    """Runs ``commit`` until it succeeds, fails for good, is deferred by a rebalance, or the
+    retry budget is spent."""
     saw_retryable = False
     for i in range(len(waits) + 1):
         attempts = i + 1
@@ -71,6 +81,9 @@ def commit_with_retry(
             commit()
             return CommitResult(CommitOutcome.COMMITTED, attempts)
         except Exception as exc:  # classified below; nothing is swallowed silently
+            if is_rebalancing(exc):
+                outcome = CommitOutcome.UNCERTAIN if saw_retryable else CommitOutcome.DEFERRED
+                return CommitResult(outcome, attempts, exc)
             if not is_retryable(exc):
                 outcome = CommitOutcome.UNCERTAIN if saw_retryable else CommitOutcome.FAILED
                 return CommitResult(outcome, attempts, exc)

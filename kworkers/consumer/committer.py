@@ -27,6 +27,7 @@ class Committer:
         self._m_commits = metrics.commits.labels(group)
         self._m_uncertain = metrics.commit_uncertain.labels(group)
         self._m_failures = metrics.commit_failures.labels(group)
+        self._m_deferred = metrics.commit_deferred.labels(group)
         #: how commit retries wait (a seam: tests record the waits instead of sleeping)
         self.sleep: Callable[[float], None] = time.sleep
 
@@ -40,12 +41,18 @@ class Committer:
         if not positions:
             return None
         result = commit_with_retry(lambda: self.consumer.commit(positions),
-                                   self.consumer.is_retryable, self.sleep)
+                                   self.consumer.is_retryable, self.sleep,
+                                   is_rebalancing=self.consumer.is_rebalancing)
         if result.outcome is CommitOutcome.COMMITTED:
             for ps in targets:
                 if ps.tp in positions:
                     ps.tracker.mark_committed(positions[ps.tp])
             self._m_commits.inc()
+        elif result.outcome is CommitOutcome.DEFERRED:
+            self._m_deferred.inc()
+            log.log(logging.WARNING if why == "revoke" else logging.INFO,
+                    "%s commit deferred: the group is rebalancing (%s)%s", why, result.error,
+                    "; the next owner may get these records again" if why == "revoke" else "")
         elif result.outcome is CommitOutcome.UNCERTAIN:
             self._m_uncertain.inc()
             log.warning("%s commit outcome uncertain after %d attempts (%s); a redelivery may "

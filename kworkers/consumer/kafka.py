@@ -21,8 +21,15 @@ log = logging.getLogger("kworkers.consumer")
 TP = tuple[str, int]
 RebalanceCallback = Callable[[list[TP]], None]
 
-_RETRYABLE_COMMIT_CODES = frozenset({
+#: the group is rebalancing: a commit now is refused, not failed (see ``consumer.commit``)
+_REBALANCING_CODES = frozenset({
     KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.STALE_MEMBER_EPOCH,
+    KafkaError.FENCED_MEMBER_EPOCH,
+})
+_RETRYABLE_COMMIT_CODES = frozenset({
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.NOT_COORDINATOR,
@@ -32,6 +39,11 @@ _RETRYABLE_COMMIT_CODES = frozenset({
     KafkaError.NETWORK_EXCEPTION,
     KafkaError._WAIT_COORD,
 })
+
+
+def is_rebalancing(exc: BaseException) -> bool:
+    return (isinstance(exc, KafkaException) and bool(exc.args)
+            and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in _REBALANCING_CODES)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -123,3 +135,4 @@ class KafkaConsumerAdapter:
         self._c.close()
 
     is_retryable = staticmethod(is_retryable)
+    is_rebalancing = staticmethod(is_rebalancing)

@@ -168,7 +168,8 @@ class Processor:
         # and it only settles if this member keeps polling: so poll between attempts.
         deadline = clock.monotonic() + self.config.revoke_timeout
         while True:
-            if self._commit(list(self.parts.values()), "drain") is not CommitOutcome.FAILED:
+            if self._commit(list(self.parts.values()), "drain") not in (
+                    CommitOutcome.FAILED, CommitOutcome.DEFERRED):
                 break
             if clock.monotonic() >= deadline:
                 break

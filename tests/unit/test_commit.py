@@ -93,3 +93,29 @@ def test_policy_interval_or_count() -> None:
         CommitPolicy(interval_s=0)
     with pytest.raises(ConfigError):
         CommitPolicy(max_completions=0)
+
+
+def test_a_rebalance_defers_at_once_and_after_a_retryable_error_is_uncertain() -> None:
+    from kworkers.consumer.commit import CommitOutcome, commit_with_retry
+
+    class Rebalancing(Exception):
+        pass
+
+    class Timeout(Exception):
+        pass
+
+    def script(*errors: type[Exception]) -> list[type[Exception]]:
+        return list(errors)
+
+    for errors, outcome, waits in ((script(Rebalancing), CommitOutcome.DEFERRED, []),
+                                   (script(Timeout, Rebalancing), CommitOutcome.UNCERTAIN, [0.1])):
+        left = list(errors)
+        slept: list[float] = []
+
+        def commit(left: list[type[Exception]] = left) -> None:
+            if left:
+                raise left.pop(0)("x")
+
+        r = commit_with_retry(commit, lambda e: isinstance(e, Timeout), slept.append,
+                              is_rebalancing=lambda e: isinstance(e, Rebalancing))
+        assert r.outcome is outcome and slept == waits

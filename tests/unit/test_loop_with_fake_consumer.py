@@ -31,6 +31,10 @@ class Permanent(Exception):
     pass
 
 
+class Rebalancing(Exception):
+    pass
+
+
 class ScriptedConsumer:
     def __init__(self, records: list[Message], commit_script: list[type[Exception] | None],
                  group: str = "g"):
@@ -81,6 +85,9 @@ class ScriptedConsumer:
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, Retryable)
+
+    def is_rebalancing(self, exc: BaseException) -> bool:
+        return isinstance(exc, Rebalancing)
 
 
 class RecordingSender:
@@ -349,3 +356,15 @@ def test_an_open_breaker_holds_records_and_they_all_run_once_it_closes() -> None
     failed = len(h.worker._sender.sent)  # type: ignore[union-attr]
     assert failed < 300 // 10  # held, not flooded into the tiers
     assert len(ok) + failed == 300 and max(ok.values()) == 1
+
+
+def test_a_commit_refused_by_a_rebalance_spends_no_waits_on_the_poll_thread() -> None:
+    consumer = ScriptedConsumer(_msgs(10), [Rebalancing])
+    _calls, handle = _counting()
+    h, sleeps, metrics = _loop(consumer, handle,
+                               commit=CommitPolicy(interval_s=3600, max_completions=10))
+    _run_until(h, lambda: len(consumer.commits) >= 1)
+    assert consumer.commits[0] == ({("t", 0): 10}, "Rebalancing")
+    assert sleeps == []  # deferred at once: no 100/200/400 ms on the poll thread
+    assert metrics.commit_deferred.labels("g")._value.get() == 1
+    assert consumer.commits[-1] == ({("t", 0): 10}, "ok")  # a later commit carried it
