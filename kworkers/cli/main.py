@@ -32,7 +32,6 @@ from collections.abc import Sequence
 import click
 from confluent_kafka import KafkaException
 
-from kworkers.cli.demo import demo
 from kworkers.cli.deploy import deploy
 from kworkers.cli.dlq import dlq
 from kworkers.cli.lag import lag
@@ -47,7 +46,7 @@ def cli() -> None:
     """kworkers: Kafka consumer worker pools that never lose work nor apply an effect twice."""
 
 
-for command in (run, topics, dlq, lag, deploy, demo):
+for command in (run, topics, dlq, lag, deploy):
     cli.add_command(command)
 
 

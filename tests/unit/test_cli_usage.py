@@ -35,8 +35,8 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     ["dlq", "list", "--dlq", "x.dlq", "-X", "no-equals-sign"],
     ["lag", "--group", "g", "-X", "sasl.username=only-half"],  # the password is missing
     ["topics", "plan", "--topic", "t", "--config", "/no/such/client.properties"],
-    ["demo", "flaky", "--fail-rate", "2"],
     ["nosuchcommand"],
+    ["demo", "flaky"],                                     # the demo is scripts/demo now
 ])
 def test_bad_arguments_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
                                                args: list[str]) -> None:
@@ -57,8 +57,7 @@ def test_run_names_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("args", [
     [], ["run"], ["topics"], ["topics", "plan"], ["topics", "create"], ["dlq"], ["dlq", "list"],
-    ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy"], ["deploy", "render"], ["demo"],
-    ["demo", "flaky"],
+    ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy"], ["deploy", "render"],
 ])
 def test_help_everywhere(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
     code, out, _ = _run(capsys, *args, "--help")
