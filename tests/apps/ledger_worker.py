@@ -33,6 +33,7 @@ import random
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -61,7 +62,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markers", help="directory of the kill points' markers")
     ap.add_argument("--heartbeats", type=int, default=0)
     ap.add_argument("--hold", metavar="PATH",
-                    help="each handler waits, before its effect, while this file exists")
+                    help="each handler waits, before its effect, while this file exists "
+                         "(and touches PATH.<key> when it starts waiting)")
     ap.add_argument("--fail-rate", type=float, default=0.0)
     ap.add_argument("--slow-ms", type=float, default=0.0)
     ap.add_argument("--ordering", default="partition")
@@ -156,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def effect(msg: Message) -> None:
         key = activity.idempotency_key() if msg.header("kw-workflow-id") else message_key(msg)
-        while args.hold and os.path.exists(args.hold):
-            time.sleep(0.05)
+        if args.hold and os.path.exists(args.hold):
+            # says which record it holds (a file beside the hold file), then waits
+            Path(f"{args.hold}.{key.replace('/', '_')}").touch()
+            while os.path.exists(args.hold):
+                time.sleep(0.05)
         at("before-effect", key)
         if args.heartbeats:
             ledger.apply(f"seen/{key}/{activity.attempt()}",
