@@ -6,9 +6,25 @@ record on the connection of its effect transaction (``store.transaction`` / ``ap
 so the row exists exactly when the effect committed. A relay then sends pending rows and deletes
 them once ``send`` returned (delivery confirmed).
 
-The relay is at least once: a crash between ``send`` and ``mark_sent`` sends those rows again,
-so consumers of the produced topic dedupe on the idempotency key carried in the headers. Run one
-relay per outbox table; two relays would each send every pending row.
+**Many relays, one table.** Every worker replica may run a relay on the same table. A relay
+*claims* rows before sending them: in one transaction it picks claimable rows, writes its lease
+(``lease_until``, ``claimed_by``) on them and commits; then it sends, then deletes what was
+acknowledged. A row whose lease is live is left alone by the others; a relay that dies leaves
+leases that expire, and the next relay sends those rows again. On PostgreSQL the pick is
+``FOR UPDATE SKIP LOCKED`` (relays never wait for each other); on SQLite ``BEGIN IMMEDIATE``
+serializes the picks.
+
+**Order per key.** Only the *head* of a key (its oldest pending row in a topic) can be claimed,
+and with it the relay takes the rows queued behind it. So all pending rows of one key are in
+one relay's hands at a time and go out in the order they were enqueued, whichever relay sends
+them; rows without a key have no order to keep and are each their own head. Two limits: ids
+come from a sequence, so two transactions that enqueue the same key concurrently commit in an
+order the ids may not follow; and a relay stalled past its lease (longer than ``lease_s``) can
+send a row again after its successor did, so keep ``lease_s`` well above the send timeout.
+
+The relay is at least once either way: a crash between ``send`` and ``mark_sent`` sends those
+rows again, so consumers of the produced topic dedupe on the idempotency key carried in the
+record.
 
 Kafka stays out of this module: the relay takes a ``send(topic, key, value, headers)`` callable
 that returns only once the broker acknowledged the record (and raises otherwise).
@@ -18,20 +34,31 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kworkers.clock import Clock, SystemClock
 from kworkers.errors import ConfigError
 from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
 from kworkers.message import Headers
 
-__all__ = ["Outbox", "OutboxRecord", "Send"]
+__all__ = ["Outbox", "OutboxRecord", "Send", "blocking_send"]
+
+log = logging.getLogger("kworkers.outbox")
 
 #: Produce one record and return once it is acknowledged; raise when it is not.
 Send = Callable[[str, bytes | None, bytes | None, Headers], None]
+
+_COLUMNS = "id, topic, key, value, headers"
+#: the longest a relay backs off after an error (store or broker unreachable)
+MAX_ERROR_BACKOFF_S = 5.0
 
 
 class SenderLike(Protocol):
@@ -71,12 +98,33 @@ def _opt_bytes(b: Any) -> bytes | None:
     return None if b is None else bytes(b)
 
 
-class Outbox:
-    """An outbox table next to ``store``'s idempotency table, in the same database."""
+def _record(row: Sequence[Any]) -> OutboxRecord:
+    i, t, k, v, h = row
+    return OutboxRecord(int(i), str(t), _opt_bytes(k), _opt_bytes(v), _decode_headers(h))
 
-    def __init__(self, store: TransactionalStore[Any], *, table: str = "kworkers_outbox") -> None:
+
+def _relay_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Outbox:
+    """An outbox table next to ``store``'s idempotency table, in the same database.
+
+    ``lease_s``: how long a relay's claim on rows lasts (a dead relay's rows wait this long
+    before another relay sends them). ``clock``: the wall clock leases are measured on (shared
+    by every relay of the table, so wall time).
+    """
+
+    def __init__(self, store: TransactionalStore[Any], *, table: str = "kworkers_outbox",
+                 lease_s: float = 60.0, clock: Clock | None = None) -> None:
+        if not lease_s > 0:
+            raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
         self.store = store
         self.table = check_identifier(table)
+        check_identifier(f"{table}_key")
+        self.lease_s = lease_s
+        self.clock = clock or SystemClock()
+        self.relay_id = _relay_id()
         self._postgres = store.dialect == "postgres"
         self._ensure_schema()
 
@@ -88,21 +136,34 @@ class Outbox:
         with self.store.atomic() as conn:
             if self._postgres:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
-                conn.execute(
-                    self._sql(
-                        "CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL PRIMARY KEY, "
-                        "topic TEXT NOT NULL, key BYTEA, value BYTEA, headers TEXT NOT NULL)"
-                    ),
-                    (),
-                )
+                create = ("CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL PRIMARY KEY, "
+                          "topic TEXT NOT NULL, key BYTEA, value BYTEA, headers TEXT NOT NULL, "
+                          "lease_until DOUBLE PRECISION NOT NULL DEFAULT 0, claimed_by TEXT)")
             else:
-                conn.execute(
-                    self._sql(
-                        "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-                        "topic TEXT NOT NULL, key BLOB, value BLOB, headers TEXT NOT NULL)"
-                    ),
-                    (),
-                )
+                create = ("CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY "
+                          "AUTOINCREMENT, topic TEXT NOT NULL, key BLOB, value BLOB, "
+                          "headers TEXT NOT NULL, lease_until REAL NOT NULL DEFAULT 0, "
+                          "claimed_by TEXT)")
+            conn.execute(self._sql(create), ())
+            self._add_lease_columns(conn)
+            conn.execute(self._sql("CREATE INDEX IF NOT EXISTS {t}_key ON {t} (topic, key, id)"),
+                         ())
+
+    def _add_lease_columns(self, conn: SqlConnection) -> None:
+        """Tables made before relays claimed rows have no lease columns: add them."""
+        real = "DOUBLE PRECISION" if self._postgres else "REAL"
+        if self._postgres:
+            have = {r[0] for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                "AND table_schema = current_schema()",
+                (self.table,)).fetchall()}
+        else:
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({self.table})", ()).fetchall()}
+        if "lease_until" not in have:
+            conn.execute(self._sql(f"ALTER TABLE {{t}} ADD COLUMN lease_until {real} NOT NULL "
+                                   "DEFAULT 0"), ())
+        if "claimed_by" not in have:
+            conn.execute(self._sql("ALTER TABLE {t} ADD COLUMN claimed_by TEXT"), ())
 
     def enqueue(
         self,
@@ -122,53 +183,132 @@ class Outbox:
         )
 
     def pending(self, limit: int = 100) -> list[OutboxRecord]:
-        """The oldest unsent records, in the order they were enqueued (by id)."""
-        if limit <= 0:
-            raise ConfigError(f"limit must be > 0, got {limit!r}")
+        """The oldest unsent records, claimed or not, in the order they were enqueued (by id)."""
+        _check_limit(limit)
         with self.store.atomic() as conn:
-            cur = conn.execute(
-                self._sql("SELECT id, topic, key, value, headers FROM {t} ORDER BY id LIMIT ?"),
-                (limit,),
-            )
-            rows = cur.fetchall()
-        return [
-            OutboxRecord(int(i), str(t), _opt_bytes(k), _opt_bytes(v), _decode_headers(h))
-            for i, t, k, v, h in rows
-        ]
+            rows = conn.execute(
+                self._sql(f"SELECT {_COLUMNS} FROM {{t}} ORDER BY id LIMIT ?"), (limit,)
+            ).fetchall()
+        return [_record(r) for r in rows]
+
+    def claim(self, limit: int = 100) -> list[OutboxRecord]:
+        """Claim up to ``limit`` records for this relay (see the module docstring), oldest first.
+
+        The heads of keys whose lease has lapsed, each with the rows queued behind it; the
+        heads get this relay's lease, the rows behind them need none (they are not heads, so no
+        other relay can claim them while the head exists).
+        """
+        _check_limit(limit)
+        now = self.clock.now()
+        lock = " FOR UPDATE SKIP LOCKED" if self._postgres else ""
+        with self.store.atomic() as conn:
+            heads = [_record(r) for r in conn.execute(self._sql(
+                f"SELECT {_COLUMNS} FROM {{t}} o WHERE o.lease_until <= ? AND NOT EXISTS "
+                "(SELECT 1 FROM {t} p WHERE p.topic = o.topic AND p.key = o.key AND p.id < o.id)"
+                f" ORDER BY o.id LIMIT ?{lock}"), (now, limit)).fetchall()]
+            if not heads:
+                return []
+            claimed = {r.id: r for r in heads}
+            for ids in _chunks([r.id for r in heads]):
+                marks = ", ".join("?" for _ in ids)
+                conn.execute(self._sql(
+                    f"UPDATE {{t}} SET lease_until = ?, claimed_by = ? WHERE id IN ({marks})"),
+                    (now + self.lease_s, self.relay_id, *ids))
+            for head in heads:
+                room = limit - len(claimed)
+                if room <= 0:
+                    break
+                if head.key is None:
+                    continue
+                for r in conn.execute(self._sql(
+                        f"SELECT {_COLUMNS} FROM {{t}} WHERE topic = ? AND key = ? AND id > ? "
+                        "ORDER BY id LIMIT ?"), (head.topic, head.key, head.id, room)).fetchall():
+                    claimed[int(r[0])] = _record(r)
+        return [claimed[i] for i in sorted(claimed)]
+
+    def release(self, ids: Sequence[int]) -> None:
+        """Give up this relay's claim on unsent records, so any relay retries them at once."""
+        with self.store.atomic() as conn:
+            for chunk in _chunks([int(i) for i in ids]):
+                marks = ", ".join("?" for _ in chunk)
+                conn.execute(self._sql(
+                    f"UPDATE {{t}} SET lease_until = 0, claimed_by = NULL WHERE id IN ({marks}) "
+                    "AND claimed_by = ?"), (*chunk, self.relay_id))
 
     def mark_sent(self, ids: Sequence[int]) -> int:
         """Forget records the broker acknowledged (deleted: the outbox is a queue, not a log).
         Returns how many were still pending."""
         done = 0
         with self.store.atomic() as conn:
-            for start in range(0, len(ids), 500):
-                chunk = [int(i) for i in ids[start : start + 500]]
+            for chunk in _chunks([int(i) for i in ids]):
                 marks = ", ".join("?" for _ in chunk)
                 cur = conn.execute(self._sql(f"DELETE FROM {{t}} WHERE id IN ({marks})"), chunk)
                 done += max(cur.rowcount, 0)
         return done
 
     def relay_once(self, send: Send, limit: int = 100) -> int:
-        """Send up to ``limit`` pending records in order, then mark the sent ones. When ``send``
-        raises, the records sent before it are still marked and the error propagates."""
+        """Claim up to ``limit`` records, send them in order, then mark the sent ones. When
+        ``send`` raises, the records sent before it are still marked, the rest released, and
+        the error propagates."""
+        records = self.claim(limit)
         sent: list[int] = []
         try:
-            for rec in self.pending(limit):
+            for rec in records:
                 send(rec.topic, rec.key, rec.value, rec.headers)
                 sent.append(rec.id)
         finally:
             if sent:
                 self.mark_sent(sent)
+            if len(sent) < len(records):
+                self.release([r.id for r in records[len(sent):]])
         return len(sent)
 
     def relay_forever(
-        self, send: Send, stop: threading.Event, *, limit: int = 100, idle_s: float = 0.5
+        self, send: Send, stop: threading.Event, *, limit: int = 100, idle_s: float = 0.5,
+        wake: threading.Event | None = None,
     ) -> None:
-        """Relay until ``stop`` is set; waits ``idle_s`` (on ``stop``) when a pass found less
-        than a full batch, so an empty outbox is not polled in a hot loop."""
+        """Relay until ``stop`` is set.
+
+        After a pass that found less than a full batch it waits ``idle_s``, or less when
+        ``wake`` is set (a writer that just enqueued can wake it). An error (store or broker
+        unreachable) is logged and the pass retried after a backoff that grows to
+        ``MAX_ERROR_BACKOFF_S``: a relay thread must outlive an outage, never die of one.
+        """
+        backoff = 0.1
         while not stop.is_set():
-            if self.relay_once(send, limit) < limit:
-                stop.wait(idle_s)
+            try:
+                full = self.relay_once(send, limit) >= limit
+                backoff = 0.1
+            except Exception as exc:
+                log.warning("outbox relay on %s failed (%s: %s); retrying in %.1fs",
+                            self.table, type(exc).__name__, exc, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_ERROR_BACKOFF_S)
+                continue
+            if not full:
+                _idle(stop, wake, idle_s)
+
+
+def _idle(stop: threading.Event, wake: threading.Event | None, idle_s: float) -> None:
+    """Wait ``idle_s``, ending early on ``stop`` or ``wake`` (checked every 0.25 s at most)."""
+    if wake is None:
+        stop.wait(idle_s)
+        return
+    left = idle_s
+    while left > 0 and not stop.is_set():
+        if wake.wait(min(left, 0.25)):
+            wake.clear()
+            return
+        left -= 0.25
+
+
+def _check_limit(limit: int) -> None:
+    if limit <= 0:
+        raise ConfigError(f"limit must be > 0, got {limit!r}")
+
+
+def _chunks(ids: list[int], size: int = 500) -> list[list[int]]:
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
 def blocking_send(sender: SenderLike, timeout: float = 30.0) -> Send:
