@@ -46,6 +46,9 @@ MetricName = Literal[
     "kworkers_worker_healthy",
     "kworkers_breaker_state",
     "kworkers_breaker_transitions_total",
+    "kworkers_workflow_steps_total",
+    "kworkers_workflow_step_duration_seconds",
+    "kworkers_workflow_runs_total",
 ]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -120,6 +123,18 @@ class Metrics:
         self.redriven = Counter(
             "kworkers_redriven", "Dead letters replayed to their topic", ["dlq_topic"],
             registry=r)
+
+        self.workflow_steps = Counter(
+            "kworkers_workflow_steps", "Workflow activity attempts (steps and compensations) by "
+            "outcome: completed, retrying, failed (for good), skipped (stale or duplicate)",
+            ["workflow", "step", "outcome"], registry=r)
+        self.workflow_step_duration = Histogram(
+            "kworkers_workflow_step_duration_seconds",
+            "Time in a workflow step or compensation function, per attempt",
+            ["workflow", "step"], buckets=LATENCY_BUCKETS, registry=r)
+        self.workflow_runs = Counter(
+            "kworkers_workflow_runs", "Workflow runs entering a status (running: started)",
+            ["workflow", "status"], registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

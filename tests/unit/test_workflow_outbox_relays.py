@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ def _outbox(spec: Spec, clock: FakeClock | None = None, lease_s: float = 30.0) -
     return Outbox(store, table=spec.name + "_outbox", clock=clock, lease_s=lease_s)
 
 
-def _enqueue(box: Outbox, rows: list[tuple[bytes | None, bytes]]) -> None:
+def _enqueue(box: Outbox, rows: Sequence[tuple[bytes | None, bytes]]) -> None:
     with box.store.atomic() as conn:
         for key, value in rows:
             box.enqueue(conn, "t", key, value)

@@ -1,0 +1,206 @@
+"""``Engine``: durable workflows on the Kafka broker and the idempotency store, nothing else.
+
+    pipeline = Workflow("pipeline")          # steps: see kworkers.workflow.definition
+    engine = Engine(PostgresStore(dsn), [pipeline], topic="pipeline.activities")
+    worker = engine.worker(group_id="pipeline", bootstrap_servers="kafka:9092")
+    engine.create_topics(worker)
+    engine.start("pipeline", "doc-42", {"url": "file:///data/doc-42.txt"})   # anywhere
+    engine.run(worker)                       # every replica: consume activities, relay outbox
+
+How the pieces fit: each activity is a record on ``topic`` keyed ``<workflow_id>/<activity_id>``
+and handled by an ordinary ``Worker`` (same retry tiers, DLQ, metrics, rebalancing as any
+handler). The handler (``ActivityRunner``) checkpoints a step and writes the next activity's
+record into the outbox in one store transaction; the relay (one per replica, rows claimed with a
+lease) produces it. So a crash anywhere between steps neither loses the hand-off nor runs a
+completed step again.
+
+Why an outbox and not a Kafka transaction: the checkpoint is rows in the store (the result, the
+run's state, the step's own in-store effects), and a Kafka transaction cannot include a database
+write; it would also need the consumer core's offsets inside the producer's transaction, which
+kworkers' loop commits on its own schedule. The outbox puts everything that must be atomic in
+one SQL transaction and leaves Kafka at-least-once, which the done-marks absorb.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kworkers.activity import ActivityInvoker
+from kworkers.admin import TopicSpec, admin_client, create_topics
+from kworkers.clock import Clock, SystemClock
+from kworkers.consumer.kafka import producer_settings
+from kworkers.errors import ConfigError
+from kworkers.idempotency.outbox import Outbox, blocking_send
+from kworkers.idempotency.store import TransactionalStore
+from kworkers.metrics import Metrics
+from kworkers.retry_tiers.producer import KafkaSender
+from kworkers.tracing import TracedInvoke
+from kworkers.worker import Worker
+from kworkers.workflow.codec import DEFAULT_MAX_RESULT_BYTES, decode_json, encode_json
+from kworkers.workflow.definition import Definition, Workflow
+from kworkers.workflow.errors import ResultError
+from kworkers.workflow.registry import Registry
+from kworkers.workflow.relay import Relay
+from kworkers.workflow.runner import ActivityRunner
+from kworkers.workflow.state import Status, initial
+from kworkers.workflow.tables import RunRow, RunTables
+from kworkers.workflow.trace import start_traceparent
+
+__all__ = ["Engine", "Started"]
+
+log = logging.getLogger("kworkers.workflow")
+
+MAX_WORKFLOW_ID = 200
+
+
+@dataclass(frozen=True)
+class Started:
+    """``created`` is False when the id already named a run (then nothing was started)."""
+
+    workflow_id: str
+    workflow: str
+    version: str
+    created: bool
+    status: Status
+
+
+class Engine:
+    """Workflows of one application: their definitions, tables, topic and relay.
+
+    ``store``: a SQL store (``SqliteStore`` or ``PostgresStore``); the engine's tables
+    (``<tables>_runs``, ``_steps``, ``_outbox``) live in its database. ``topic``: where every
+    activity of these workflows is produced. ``max_result_bytes``: the size limit of a step's
+    result (and of a run's input), as JSON.
+    """
+
+    def __init__(self, store: TransactionalStore[Any], workflows: Iterable[Workflow | Definition],
+                 *, topic: str, tables: str = "kworkers_wf",
+                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, clock: Clock | None = None,
+                 metrics: Metrics | None = None, relay_idle_s: float = 0.5,
+                 outbox_lease_s: float = 60.0) -> None:
+        if getattr(store, "dialect", None) not in ("sqlite", "postgres"):
+            raise ConfigError("workflows need a SQL store (SqliteStore or PostgresStore): a "
+                              "step's checkpoint and its next activity commit in one "
+                              "transaction, which Redis cannot give")
+        if not topic or ".retry." in topic or topic.endswith(".dlq"):
+            raise ConfigError(f"topic: a source topic name, got {topic!r}")
+        if not isinstance(max_result_bytes, int) or max_result_bytes < 64:
+            raise ConfigError(f"max_result_bytes must be an int >= 64, got {max_result_bytes!r}")
+        self.store = store
+        self.topic = topic
+        self.registry = Registry(workflows)
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or Metrics()
+        self.max_result_bytes = max_result_bytes
+        self.relay_idle_s = relay_idle_s
+        self.tables = RunTables(store, tables)
+        self.tables.ensure_schema()
+        self.outbox = Outbox(store, table=f"{tables}_outbox", lease_s=outbox_lease_s,
+                             clock=self.clock)
+        self._relay: Relay | None = None
+        self.runner = ActivityRunner(self.registry, store, self.tables, self.outbox, topic,
+                                     self.clock, self.metrics, max_result_bytes, self._woken)
+
+    def _woken(self) -> None:
+        if self._relay is not None:
+            self._relay.wake()
+
+    # -- starting runs -------------------------------------------------------------------------
+
+    def start(self, workflow: str | Workflow, workflow_id: str, input: Any = None, *,
+              traceparent: str | None = None) -> Started:
+        """Start a run of ``workflow`` named ``workflow_id``, once.
+
+        The run and its first activity's record commit together. Starting an id that exists
+        starts nothing and returns ``created=False`` with that run's status; starting it with
+        another workflow or another input is a ``ConfigError`` (an id names one run)."""
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        d = self.registry.latest(name)
+        _check_workflow_id(workflow_id)
+        try:
+            text = encode_json(input, f"input of run {workflow_id!r}", self.max_result_bytes)
+        except ResultError as exc:
+            raise ConfigError(str(exc)) from None
+        now = self.clock.now()
+        state = initial(d)
+        row = RunRow(workflow_id, d.name, d.version, state, text,
+                     start_traceparent(traceparent), now, now)
+        with self.store.atomic() as conn:
+            created = self.tables.insert_run(conn, row)
+            if created:
+                assert state.activity is not None
+                self.runner.dispatch(conn, row, d, state.activity, row.traceparent or "")
+            else:
+                existing = self.tables.lock_run(conn, workflow_id, lock=False)
+        if created:
+            self._woken()
+            self.metrics.workflow_runs.labels(d.name, "running").inc()
+            log.info("run %s (%s %s) started", workflow_id, d.name, d.version)
+            return Started(workflow_id, d.name, d.version, True, "running")
+        assert existing is not None
+        if existing.workflow != d.name:
+            raise ConfigError(f"workflow id {workflow_id!r} is already a run of "
+                              f"{existing.workflow!r}, not {d.name!r}")
+        if decode_json(existing.input, "input") != decode_json(text, "input"):
+            raise ConfigError(f"workflow id {workflow_id!r} already started with another input; "
+                              "an id names one run (use a new id for new input)")
+        return Started(workflow_id, existing.workflow, existing.version, False, existing.status)
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def bind(self, worker: Worker) -> Worker:
+        """Make ``worker`` run this engine's activities (its handler, its retry policy)."""
+        if tuple(worker.config.topics) != (self.topic,):
+            raise ConfigError(f"a workflow worker consumes exactly the engine's topic "
+                              f"{self.topic!r}, not {list(worker.config.topics)}")
+        worker.handler(self.runner)
+        self.runner.policy = worker.config.retry
+        self.runner.ladder = worker.config.tiers
+        return worker
+
+    def worker(self, group_id: str, bootstrap_servers: str | None = None,
+               **settings: Any) -> Worker:
+        """A ``Worker`` on the engine's topic, bound to it, with a span per attempt when
+        OpenTelemetry is installed. ``settings``: any ``WorkerConfig`` field (retry, tiers,
+        concurrency, consumer_config, ...)."""
+        w = Worker(topics=[self.topic], group_id=group_id, bootstrap_servers=bootstrap_servers,
+                   metrics=self.metrics, clock=self.clock,
+                   invoke=TracedInvoke(inner=ActivityInvoker(clock=self.clock)), **settings)
+        return self.bind(w)
+
+    def create_topics(self, worker: Worker, partitions: int = 6) -> list[str]:
+        """The activities topic, its retry tiers and its DLQ (those missing)."""
+        cfg = worker.config
+        extra = {k: str(v) for k, v in cfg.client_security().items()}
+        made = create_topics(admin_client(cfg.bootstrap_servers, extra),
+                             [TopicSpec(self.topic, partitions)])
+        return made + worker.create_topics(partitions)
+
+    def run(self, worker: Worker, install_signals: bool = True) -> None:
+        """Run ``worker`` with this engine's relay beside it, until SIGTERM or ``stop()``.
+
+        Every replica runs this: the relays share the outbox (rows claimed with a lease), so
+        any number of them is safe and a dead one's rows are sent by another."""
+        if self.runner.policy is None:
+            self.bind(worker)
+        cfg = worker.config
+        sender = KafkaSender(producer_settings(
+            cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
+        self._relay = Relay(self.outbox, blocking_send(sender), idle_s=self.relay_idle_s).start()
+        try:
+            worker.run(install_signals=install_signals)
+        finally:
+            relay, self._relay = self._relay, None
+            relay.stop()
+            sender.close()
+
+
+def _check_workflow_id(workflow_id: str) -> None:
+    if not isinstance(workflow_id, str) or not workflow_id:
+        raise ConfigError("a workflow id must be a non-empty string")
+    if "/" in workflow_id or len(workflow_id) > MAX_WORKFLOW_ID or not workflow_id.isprintable():
+        raise ConfigError(f"workflow id {workflow_id[:60]!r}: at most {MAX_WORKFLOW_ID} printable "
+                          "characters, no '/' (it is half of the idempotency key)")
