@@ -1,0 +1,85 @@
+"""``kworkers workflow start|show|list`` on a SQLite store (no broker: start only writes the
+run and its outbox row)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from kworkers.errors import ConfigError
+from kworkers.workflow.cli import load_engine, workflow_cli
+
+APP = "examples.pipeline.app:engine"
+
+
+@pytest.fixture
+def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path}/pipeline.db"
+    monkeypatch.setenv("KWORKERS_STORE_URL", url)
+    return url
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(workflow_cli, list(args), catch_exceptions=True)
+
+
+def test_start_is_idempotent_and_show_and_list_read_it_back(store_url: str) -> None:
+    r = _run("start", APP, "pipeline", "--id", "doc-1", "--input", '{"doc": "kafka.txt"}')
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("started: doc-1 (pipeline sha-")
+    r = _run("start", APP, "pipeline", "--id", "doc-1", "--input", '{"doc": "kafka.txt"}')
+    assert r.exit_code == 0 and r.output.startswith("exists: doc-1"), r.output
+    r = _run("show", "doc-1")
+    assert r.exit_code == 0, r.output
+    assert "status running" in r.output and "pending download" in r.output
+    shown = json.loads(_run("show", "doc-1", "--json").output)
+    assert (shown["status"], shown["pending"], shown["history"]) == ("running", "download", [])
+    assert shown["input"] == {"doc": "kafka.txt"}
+    assert shown["traceparent"].startswith("00-")
+    listed = json.loads(_run("list", "--json", "--status", "running").output)
+    assert listed["counts"] == {"running": 1}
+    assert [r["workflow_id"] for r in listed["runs"]] == ["doc-1"]
+    r = _run("list", "--store", store_url)
+    assert r.exit_code == 0 and "doc-1" in r.output and "running: 1" in r.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("show", "ghost"), "no workflow run 'ghost'"),
+    (("start", APP, "pipeline", "--id", "d", "--input", "{nope"), "--input is not JSON"),
+    (("start", APP, "nope", "--id", "d"), "unknown workflow 'nope'"),
+    (("start", APP, "pipeline", "--id", "a/b"), "no '/'"),
+    (("start", "examples.pipeline.app:missing", "pipeline", "--id", "d"), "loading"),
+    (("start", "examples.pipeline.app:DATA_DIR", "pipeline", "--id", "d"), "not a kworkers"),
+    (("start", "nomodule", "pipeline", "--id", "d"), "MODULE:ENGINE"),
+    (("list", "--store", "redis://127.0.0.1:1/0"), "SQL store"),
+])
+def test_bad_input_is_one_clear_error(store_url: str, args: tuple[str, ...],
+                                      message: str) -> None:
+    load_engine(APP)  # the tables exist
+    r = _run(*args)
+    assert isinstance(r.exception, ConfigError), r.output
+    assert message in str(r.exception)
+
+
+def test_show_needs_a_store_with_workflow_tables(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    monkeypatch.delenv("KWORKERS_STORE_URL", raising=False)
+    r = _run("show", "x")
+    assert isinstance(r.exception, ConfigError) and "--store" in str(r.exception)
+    r = _run("list", "--store", f"sqlite:///{tmp_path}/empty.db", "--tables", "other")
+    assert isinstance(r.exception, ConfigError)
+    assert "cannot read the workflow table other_runs" in str(r.exception)
+
+
+def test_load_engine_accepts_an_instance(store_url: str) -> None:
+    from examples.pipeline import app
+
+    engine = load_engine(APP)
+    app.__dict__["the_engine"] = engine
+    try:
+        assert load_engine("examples.pipeline.app:the_engine") is engine
+    finally:
+        del app.__dict__["the_engine"]
