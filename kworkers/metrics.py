@@ -123,7 +123,6 @@ class Metrics:
         self.redriven = Counter(
             "kworkers_redriven", "Dead letters replayed to their topic", ["dlq_topic"],
             registry=r)
-
         self.workflow_steps = Counter(
             "kworkers_workflow_steps", "Workflow activity attempts (steps and compensations) by "
             "outcome: completed, retrying, failed (for good), skipped (stale or duplicate)",

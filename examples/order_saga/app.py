@@ -33,7 +33,8 @@ def _sql(conn: SqlConnection, sql: str) -> str:
 
 
 class PaymentProvider:
-    """Stand-in for an outside payment API that honours idempotency keys."""
+    """Stand-in for an outside payment API that honours idempotency keys: it logs every call
+    (``<table>_calls``, append-only) and applies one payment per key (``<table>``)."""
 
     def __init__(self, store: TransactionalStore[Any], table: str) -> None:
         self.store = store
@@ -41,9 +42,19 @@ class PaymentProvider:
 
     def _once(self, key: str, order_id: str, kind: str, cents: int) -> None:
         with self.store.atomic() as conn:
+            conn.execute(_sql(conn, f"INSERT INTO {self.table}_calls (idempotency_key, kind) "
+                                    "VALUES (?, ?)"), (key, kind))
             conn.execute(_sql(conn, f"INSERT INTO {self.table} (idempotency_key, order_id, kind, "
                                     "cents) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"),
                          (key, order_id, kind, cents))
+
+    def calls(self, kind: str) -> dict[str, int]:
+        """Calls per idempotency key (a repeat is a call the provider absorbed)."""
+        with self.store.atomic() as conn:
+            rows = conn.execute(_sql(conn, f"SELECT idempotency_key, COUNT(*) FROM "
+                                           f"{self.table}_calls WHERE kind = ? GROUP BY "
+                                           "idempotency_key"), (kind,)).fetchall()
+        return {str(k): int(n) for k, n in rows}
 
     def charge(self, key: str, order_id: str, cents: int, card: str) -> str:
         if card == "declined":
@@ -72,6 +83,8 @@ class Shop:
                 "address TEXT NOT NULL)",
                 f"CREATE TABLE IF NOT EXISTS {prefix}_payments (idempotency_key TEXT PRIMARY "
                 "KEY, order_id TEXT NOT NULL, kind TEXT NOT NULL, cents INTEGER NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {prefix}_payments_calls (idempotency_key TEXT NOT "
+                "NULL, kind TEXT NOT NULL)",
             ):
                 conn.execute(stmt, ())
 
@@ -152,9 +165,11 @@ def ship(ctx: StepContext) -> dict[str, Any]:
 
 
 def make_engine(store: TransactionalStore[Any], *, topic: str = TOPIC,
-                tables: str = "kworkers_wf", shop: str = "shop", **kw: Any) -> Engine:
+                tables: str = "kworkers_wf", shop: str = "shop", workflow: Workflow = order,
+                **kw: Any) -> Engine:
+    """The engine, with the shop ``shop`` its runs' input names (``{"shop": ...}``)."""
     _shops[shop] = Shop(store, shop)
-    return Engine(store, [order], topic=topic, tables=tables, **kw)
+    return Engine(store, [workflow], topic=topic, tables=tables, **kw)
 
 
 def engine() -> Engine:

@@ -84,12 +84,13 @@ def index(ctx: StepContext) -> dict[str, Any]:
 
 def make_engine(store: TransactionalStore[Any], *, topic: str = TOPIC,
                 tables: str = "kworkers_wf", index: str = "pipeline_index",
-                **kw: Any) -> Engine:
+                workflow: Workflow = pipeline, **kw: Any) -> Engine:
     """The engine, and the index table its runs write (``start`` input names it)."""
+    check_identifier(index)
     with store.atomic() as conn:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {index} (run TEXT PRIMARY KEY, doc TEXT NOT "
                      "NULL, vector TEXT NOT NULL)", ())
-    return Engine(store, [pipeline], topic=topic, tables=tables, **kw)
+    return Engine(store, [workflow], topic=topic, tables=tables, **kw)
 
 
 def engine() -> Engine:

@@ -4,9 +4,9 @@ The counts come from data read back from the store: the run rows (``RunTables``)
 append-only effects ledger written by the steps themselves (in the checkpoint's transaction,
 through ``ctx.apply_once``), never from the engine's own counters or metrics.
 
-``Ledger``: a stand-in with the API of the proofs issue's ``kworkers.testing.ledger.Ledger``
-(``on_store``, ``apply_in``, ``apply``, ``applications``) until that lands: one table, no
-unique key, every application a row.
+The ledger is ``kworkers.testing.ledger.Ledger`` (append-only: no unique key, every
+application a row), in the store's own database so a step's row shares its checkpoint's
+transaction.
 """
 
 from __future__ import annotations
@@ -17,63 +17,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers import RetryDecision, RetryPolicy, TierLadder, no_jitter, route
+from kworkers.testing.ledger import Ledger
 from kworkers.workflow import Engine, StepContext
 from kworkers.workflow.tables import RunTables
 
 RERUN = "rerun/"
 
 
-class Ledger:
-    """Append-only effects: ``<table>_effects (key, pid, at)``, nothing unique."""
-
-    def __init__(self, store: TransactionalStore[Any], table: str = "kworkers_ledger") -> None:
-        self.store = store
-        self.table = check_identifier(table)
-        self._pg = store.dialect == "postgres"
-        with store.atomic() as conn:
-            conn.execute(self._sql("CREATE TABLE IF NOT EXISTS {t}_effects (key TEXT NOT NULL)"),
-                         ())
-
-    @classmethod
-    def on_store(cls, store: TransactionalStore[Any], *, table: str = "kworkers_ledger"
-                 ) -> Ledger:
-        return cls(store, table)
-
-    def _sql(self, sql: str) -> str:
-        sql = sql.replace("{t}", self.table)
-        return sql.replace("?", "%s") if self._pg else sql
-
-    def apply_in(self, conn: SqlConnection, key: str, msg: Message | None = None) -> None:
-        conn.execute(self._sql("INSERT INTO {t}_effects (key) VALUES (?)"), (key,))
-
-    def apply(self, key: str, msg: Message | None = None) -> None:
-        with self.store.atomic() as conn:
-            self.apply_in(conn, key, msg)
-
-    def applications(self) -> dict[str, int]:
-        with self.store.atomic() as conn:
-            rows = conn.execute(self._sql("SELECT key, COUNT(*) FROM {t}_effects GROUP BY key"),
-                                ()).fetchall()
-        return {str(k): int(n) for k, n in rows}
-
-    def count(self, key: str) -> int:
-        with self.store.atomic() as conn:
-            row = conn.execute(self._sql("SELECT COUNT(*) FROM {t}_effects WHERE key = ?"),
-                               (key,)).fetchone()
-        return int(row[0])
-
-
 def record_step(ledger: Ledger, ctx: StepContext, *, in_txn: bool = True) -> None:
-    """What a test step does for the checker: note a run of a step whose effect already
-    committed (a re-run after completion), then apply its effect, once per row.
+    """What a test step does for the checker: note a run of a step whose effect had already
+    committed (a re-run after completion, key ``rerun/<key>``; read back from the store), then
+    append the step's effect.
 
     ``in_txn=False`` is the canary: the effect in a transaction of its own, not the
     checkpoint's."""
     key = ctx.idempotency_key
-    if ledger.count(key):
+    if ledger.applications().get(key):
         ledger.apply(RERUN + key)
     if in_txn:
         ctx.apply_once(lambda conn: ledger.apply_in(conn, key))

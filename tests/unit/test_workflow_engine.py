@@ -20,6 +20,7 @@ from kworkers.idempotency import SqliteStore
 from kworkers.idempotency.store import TransactionalStore
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers import RetryPolicy
+from kworkers.testing.ledger import Ledger
 from kworkers.tracing import parse_traceparent
 from kworkers.workflow import (
     Engine,
@@ -31,7 +32,7 @@ from kworkers.workflow import (
 )
 from kworkers.workflow.runner import ActivityRunner
 from kworkers.workflow.state import ACTIVE, RunState
-from tests.apps.workflow_checks import Crash, Harness, Ledger, check, record_step
+from tests.apps.workflow_checks import Crash, Harness, check, record_step
 
 TOPIC = "wf.activities"
 
@@ -54,7 +55,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transactio
     yield s
     with s.atomic() as conn:
         conn.execute(f"DROP TABLE IF EXISTS {name}, {name}_runs, {name}_steps, {name}_outbox, "
-                     f"{name}_ledger_effects, stock, pipeline_out", ())
+                     f"{name}_ledger_effects, {name}_ledger_deliveries", ())
     s.close()
 
 
