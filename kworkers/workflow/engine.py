@@ -101,12 +101,18 @@ class Engine:
         self.outbox = Outbox(store, table=f"{tables}_outbox", lease_s=outbox_lease_s,
                              clock=self.clock)
         self._relay: Relay | None = None
+        self._warned = False
         self.runner = ActivityRunner(self.registry, store, self.tables, self.outbox, topic,
                                      self.clock, self.metrics, max_result_bytes, self._woken)
 
     def _woken(self) -> None:
         if self._relay is not None:
             self._relay.wake()
+        elif not self._warned and self.runner.policy is not None:
+            self._warned = True
+            log.warning("a workflow step was checkpointed in a process without an outbox relay; "
+                        "its next activity waits for a relay elsewhere (run workflow workers "
+                        "with Engine.run(worker), not Worker.run or `kworkers run`)")
 
     # -- starting runs -------------------------------------------------------------------------
 

@@ -518,3 +518,28 @@ def test_an_engine_needs_a_sql_store_and_a_source_topic(tmp_path: Path) -> None:
         Engine(store, [], topic="t")
     with pytest.raises(ConfigError, match="registered twice"):
         Engine(store, [wf, wf], topic="t")
+
+
+def test_with_opentelemetry_one_trace_links_every_step_span(store: Any) -> None:
+    """Each attempt's span (TracedInvoke, as ``Engine.worker`` sets up) is the parent of the
+    next activity's record, so the spans of a run form one chain in one trace."""
+    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+    export = pytest.importorskip("opentelemetry.sdk.trace.export")
+    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+    from kworkers.tracing import TracedInvoke, otel_span_starter
+
+    exporter = memory.InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    invoke = TracedInvoke(otel_span_starter(provider))
+    engine = _engine(store, _pipeline(_ledger(store), Chaos()))
+    h = Harness(engine)
+    tp = "00-" + "3" * 32 + "-" + "4" * 16 + "-01"
+    engine.start("pipeline", "doc-1", None, traceparent=tp)
+    h.pump(handler=lambda m: invoke(engine.runner, m))
+    spans = sorted(exporter.get_finished_spans(), key=lambda s: s.start_time)
+    assert len(spans) == 3
+    assert {format(s.context.trace_id, "032x") for s in spans} == {"3" * 32}
+    parents = [format(s.parent.span_id, "016x") for s in spans]
+    assert parents[0] == "4" * 16
+    assert parents[1:] == [format(s.context.span_id, "016x") for s in spans[:2]]
