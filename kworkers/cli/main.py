@@ -39,6 +39,7 @@ from kworkers.cli.options import redact
 from kworkers.cli.run import run
 from kworkers.cli.topics import topics
 from kworkers.errors import ConfigError, KworkersError
+from kworkers.workflow.cli import workflow_cli
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -46,7 +47,7 @@ def cli() -> None:
     """kworkers: Kafka consumer worker pools that never lose work nor apply an effect twice."""
 
 
-for command in (run, topics, dlq, lag, deploy):
+for command in (run, topics, dlq, lag, deploy, workflow_cli):
     cli.add_command(command)
 
 

@@ -83,3 +83,21 @@ def test_load_engine_accepts_an_instance(store_url: str) -> None:
         assert load_engine("examples.pipeline.app:the_engine") is engine
     finally:
         del app.__dict__["the_engine"]
+
+
+@pytest.mark.parametrize("args", [
+    ["workflow", "show", "ghost"],
+    ["workflow", "list", "--status", "lost"],
+    ["workflow", "start", APP, "pipeline"],  # missing --id
+    ["workflow", "show", "x", "--store", "postgresql://u:hunter2@127.0.0.1:1/db"],
+])
+def test_through_the_kworkers_command_errors_are_one_line_without_secrets(
+        store_url: str, args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from kworkers.cli import run_cli
+
+    load_engine(APP)  # the tables exist
+    code = run_cli(args)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("kworkers: error: ") and err.count("\n") == 1, err
+    assert "hunter2" not in err and "Traceback" not in err
