@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kworkers.activity import ActivityInvoker
-from kworkers.admin import TopicSpec, admin_client, create_topics
+from kworkers.admin import TopicSpec, create_topics
 from kworkers.clock import Clock, SystemClock
-from kworkers.consumer.kafka import producer_settings
 from kworkers.errors import ConfigError
 from kworkers.idempotency.outbox import Outbox, blocking_send
 from kworkers.idempotency.store import TransactionalStore
+from kworkers.kafka import clients
+from kworkers.kafka.settings import producer_settings
 from kworkers.metrics import Metrics
 from kworkers.retry_tiers.producer import KafkaSender
 from kworkers.tracing import TracedInvoke
@@ -179,9 +180,7 @@ class Engine:
 
     def create_topics(self, worker: Worker, partitions: int = 6) -> list[str]:
         """The activities topic, its retry tiers and its DLQ (those missing)."""
-        cfg = worker.config
-        extra = {k: str(v) for k, v in cfg.client_security().items()}
-        made = create_topics(admin_client(cfg.bootstrap_servers, extra),
+        made = create_topics(clients.admin(worker.config.client),
                              [TopicSpec(self.topic, partitions)])
         return made + worker.create_topics(partitions)
 
@@ -193,8 +192,7 @@ class Engine:
         if self.runner.policy is None:
             self.bind(worker)
         cfg = worker.config
-        sender = KafkaSender(producer_settings(
-            cfg.bootstrap_servers, {**cfg.client_security(), **cfg.producer_config}))
+        sender = KafkaSender(producer_settings(cfg.client, cfg.producer_config))
         self._relay = Relay(self.outbox, blocking_send(sender), idle_s=self.relay_idle_s).start()
         try:
             worker.run(install_signals=install_signals)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kworkers.dlq.reader import read_dead_letters
+from kworkers.dlq.reader import read_dlq
+from kworkers.dlq.record import DeadLetter
 from kworkers.idempotency import SqliteStore
 from kworkers.message import Headers
 from kworkers.testing import Broker
@@ -22,6 +23,12 @@ from kworkers.workflow.codec import ActivityRecord
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
+
+
+def read_dead_letters(bootstrap: str, dlq: str) -> list[DeadLetter]:
+    contents = read_dlq(bootstrap, dlq)
+    assert contents.unreadable == []
+    return contents.dead_letters
 
 
 def test_pipeline_example_indexes_every_document_once(kafka_broker: Broker,
