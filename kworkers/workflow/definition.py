@@ -4,9 +4,9 @@ Why a list and not replayed code: Temporal re-runs workflow code against its his
 the code to be deterministic. Here the "code" is the step list itself, so the only thing that
 must not change under a running workflow is that list. Each definition has a *version*: given
 (``Workflow(version=...)``) or a fingerprint of the step list (activity ids and the functions'
-qualified names). A run records the version it started under and is only ever advanced by a
-definition of that version; a worker without it refuses the run's records (DLQ, with the reason)
-instead of guessing (see ``docs/WORKFLOWS.md``, "Changing a workflow").
+qualified names, not their modules). A run records the version it started under and is only
+ever advanced by a definition of that version; a worker without it refuses the run's records
+(DLQ, with the reason) instead of guessing (see ``docs/WORKFLOWS.md``, "Changing a workflow").
 
 Activity ids: a step's name, and for a step that appears again, ``name.2``, ``name.3``...; the
 compensation of activity ``a`` is ``compensate.a``. Names are plain identifiers, so the two
@@ -49,7 +49,10 @@ def _name(fn: Callable[..., Any]) -> str:
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    """The function's qualified name *without* its module: a module run as a script is
+    ``__main__`` there and ``app`` where it is imported (the CLI, another replica), and a
+    fingerprint that changed with that would refuse every run."""
+    return str(getattr(fn, "__qualname__", _name(fn)))
 
 
 @dataclass(frozen=True)

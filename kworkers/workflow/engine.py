@@ -107,9 +107,10 @@ class Engine:
                                      self.clock, self.metrics, max_result_bytes, self._woken)
 
     def _woken(self) -> None:
+        """A step checkpointed: its next activity is in the outbox, wake this process's relay."""
         if self._relay is not None:
             self._relay.wake()
-        elif not self._warned and self.runner.policy is not None:
+        elif not self._warned:
             self._warned = True
             log.warning("a workflow step was checkpointed in a process without an outbox relay; "
                         "its next activity waits for a relay elsewhere (run workflow workers "
@@ -143,7 +144,8 @@ class Engine:
             else:
                 existing = self.tables.lock_run(conn, workflow_id, lock=False)
         if created:
-            self._woken()
+            if self._relay is not None:
+                self._relay.wake()
             self.metrics.workflow_runs.labels(d.name, "running").inc()
             log.info("run %s (%s %s) started", workflow_id, d.name, d.version)
             return Started(workflow_id, d.name, d.version, True, "running")

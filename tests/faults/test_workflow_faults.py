@@ -100,6 +100,7 @@ def _pipeline_wants(ids: list[str]) -> tuple[dict[str, str], dict[str, int]]:
             {f"{i}/{s}": 1 for i in ids for s in ("download", "embed", "index")})
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("store", KILL_LOOP_STORES)
 def test_pipeline_kill_loop(fault_broker: Broker, tmp_path: Path, store: str) -> None:
     store_url = _store_url(store, tmp_path)
@@ -191,6 +192,7 @@ def _orders(n: int, shop: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("store", SAGA_STORES)
 def test_saga_unwinds_once_with_kills_in_the_middle_of_compensation(
         kafka_broker: Broker, tmp_path: Path, store: str) -> None:

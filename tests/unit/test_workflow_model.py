@@ -51,6 +51,12 @@ def test_version_is_a_fingerprint_of_the_step_list_unless_given() -> None:
     with_undo = Workflow("wf").add(a, compensate=undo_a).add(b).freeze()
     assert with_undo.version != make(a, b).version
     assert make(a, version="2").version == "2"
+    imported = make(a, b).version
+    a.__module__ = b.__module__ = "__main__"  # the same file, run as a script
+    try:
+        assert make(a, b).version == imported
+    finally:
+        a.__module__ = b.__module__ = __name__
 
 
 def test_bad_definitions_are_config_errors() -> None:
