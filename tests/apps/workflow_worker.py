@@ -44,13 +44,14 @@ POLICIES = {"pipeline": RetryPolicy(initial=0.2, max_interval=1.0, max_attempts=
 
 class Chaos:
     def __init__(self, die_rate: float = 0.0, die_once_dir: str | None = None,
-                 die_once_kinds: tuple[str, ...] = ("step", "compensation"),
+                 die_once_at: tuple[str, ...] = ("step", "compensation"),
                  effect_in_txn: bool = True, step_sleep: float = 0.0) -> None:
         self.rnd = random.Random()
         self.step_sleep = step_sleep
         self.die_rate = die_rate
         self.die_once_dir = die_once_dir
-        self.die_once_kinds = die_once_kinds
+        #: kinds ("step", "compensation") or activity ids where each activity dies once
+        self.die_once_at = die_once_at
         self.effect_in_txn = effect_in_txn
 
     def _first_time(self, key: str) -> bool:
@@ -68,7 +69,8 @@ class Chaos:
         """The kill point: the step did its work and queued its effects; no checkpoint yet."""
         if self.step_sleep:
             time.sleep(self.rnd.uniform(0, self.step_sleep))  # a wider window for outside kills
-        if (self.die_once_dir is not None and ctx.kind in self.die_once_kinds
+        if (self.die_once_dir is not None
+                and (ctx.kind in self.die_once_at or ctx.activity_id in self.die_once_at)
                 and self._first_time(ctx.idempotency_key)):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.rnd.random() < self.die_rate:
@@ -123,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("name")
     ap.add_argument("--die-rate", type=float, default=0.0)
     ap.add_argument("--die-once-dir")
-    ap.add_argument("--die-once-kinds", default="step,compensation")
+    ap.add_argument("--die-once-at", default="step,compensation",
+                    help="kinds or activity ids (comma-separated) to die at once each")
     ap.add_argument("--effect-outside-txn", action="store_true")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(message)s")
-    chaos = Chaos(args.die_rate, args.die_once_dir, tuple(args.die_once_kinds.split(",")),
+    chaos = Chaos(args.die_rate, args.die_once_dir, tuple(args.die_once_at.split(",")),
                   effect_in_txn=not args.effect_outside_txn, step_sleep=args.step_sleep)
     engine, _ledger = build(args.app, args.store, args.name, chaos)
     engine.run(make_worker(engine, args.app, args.bootstrap, args.name))

@@ -4,9 +4,9 @@
   the step's work, before its checkpoint) and are SIGKILLed from outside; the broker is
   restarted hard mid-flight. Every run completes, every step's in-store effect is in the
   append-only ledger exactly once, and no step started after its effect had committed.
-* Saga: every compensation is killed once in its middle (after the refund call reached the
-  payment provider); for each order whose shipping failed: one refund and one release, none for
-  orders that were never charged.
+* Saga: every refund compensation is killed once in its middle (after the refund call reached
+  the payment provider), and workers are killed from outside; for each order whose shipping
+  failed: one refund and one release, none for orders that were never charged.
 * Canary: the same pipeline with the step's effect written outside the checkpoint transaction
   must make the ledger check fail.
 
@@ -154,26 +154,26 @@ def test_pipeline_kill_loop(fault_broker: Broker, tmp_path: Path, store: str) ->
 
 def test_canary_effects_outside_the_checkpoint_fail_the_check(kafka_broker: Broker,
                                                               tmp_path: Path) -> None:
-    """Every step dies once after writing its effect in a transaction of its own: the ledger
-    check must see the duplicates (this test fails if the check cannot)."""
+    """Each run's embed step dies once after writing its effect in a transaction of its own:
+    the ledger check must see those duplicates (this test fails if the check cannot)."""
     bs = kafka_broker.bootstrap_servers
     name = _name()
     url = f"sqlite:///{tmp_path}/store.db"
     engine, ledger = build("pipeline", url, name)
     engine.create_topics(make_worker(engine, "pipeline", bs, name), partitions=2)
-    ids = [f"{name}-{i}" for i in range(3)]
+    ids = [f"{name}-{i}" for i in range(2)]
     for i in ids:
         engine.start("pipeline", i, {"doc": "kafka.txt", "index_table": f"{name}_index"})
     markers = tmp_path / "markers"
     markers.mkdir()
-    workers = _workers(2, "pipeline", bs, url, name, tmp_path, "--effect-outside-txn",
-                       "--die-once-dir", str(markers))
+    workers = _workers(1, "pipeline", bs, url, name, tmp_path, "--effect-outside-txn",
+                       "--die-once-dir", str(markers), "--die-once-at", "embed")
     try:
         _until(lambda: _done(engine, ids, "completed") == len(ids), 240,
                lambda: _revive(workers), "the canary's runs")
         report: Report = check(engine.tables, ledger, *_pipeline_wants(ids))
-        assert not report.ok and report.wrong_count, report.summary()
-        assert all(got == 2 for _want, got in report.wrong_count.values())
+        assert not report.ok, report.summary()
+        assert report.wrong_count == {f"{i}/embed": (1, 2) for i in ids}, report.summary()
     finally:
         for w in workers:
             w.close()
@@ -210,7 +210,8 @@ def test_saga_unwinds_once_with_kills_in_the_middle_of_compensation(
     markers = tmp_path / "markers"
     markers.mkdir()
     workers = _workers(3, "order", bs, store_url, name, tmp_path, "--die-once-dir",
-                       str(markers), "--die-once-kinds", "compensation", "--step-sleep", "0.05")
+                       str(markers), "--die-once-at", "compensate.charge_card",
+                       "--step-sleep", "0.05")
     want_status: dict[str, str] = {}
     want: dict[str, int] = {}
     unwound: list[str] = []
@@ -256,9 +257,9 @@ def test_saga_unwinds_once_with_kills_in_the_middle_of_compensation(
                 assert pays == {"charge": orders[oid]["cents"]}
         shipped = sum(1 for s in want_status.values() if s == "completed")
         assert shop.stock("book") == (10_000 - shipped, shipped)
-        assert len(os.listdir(markers)) == 2 * len(unwound)  # each compensation died once
-        print(f"saga: {n} orders, {len(unwound)} unwound, {2 * len(unwound)} compensations "
-              f"killed mid-way, {kills} outside kills; {report.summary()}")
+        assert len(os.listdir(markers)) == len(unwound)  # each refund died once, mid-way
+        print(f"saga: {n} orders, {len(unwound)} unwound, {len(unwound)} refunds killed "
+              f"mid-way, {kills} outside kills; {report.summary()}")
     finally:
         for w in workers:
             w.close()
