@@ -104,7 +104,7 @@ def _pipeline_wants(ids: list[str]) -> tuple[dict[str, str], dict[str, int]]:
 @pytest.mark.parametrize("store", KILL_LOOP_STORES)
 def test_pipeline_kill_loop(fault_broker: Broker, tmp_path: Path, store: str) -> None:
     store_url = _store_url(store, tmp_path)
-    n, batches, kills_wanted = (240, 12, 10) if FULL else (30, 5, 3)
+    n, batches, kills_wanted = (240, 12, 10) if FULL else (24, 4, 3)
     bs = fault_broker.bootstrap_servers
     name = _name()
     engine, ledger = build("pipeline", store_url, name)
@@ -123,7 +123,7 @@ def test_pipeline_kill_loop(fault_broker: Broker, tmp_path: Path, store: str) ->
             for i in range(b * per, n if b == batches - 1 else (b + 1) * per):
                 engine.start("pipeline", ids[i], {"doc": docs[i % len(docs)],
                                                   "index_table": f"{name}_index"})
-            time.sleep(1.0)  # the batch is in flight
+            time.sleep(0.8)  # the batch is in flight
             _revive(workers)
             if kills < kills_wanted:
                 victim = rnd.choice([w for w in workers if w.alive] or workers)
@@ -197,7 +197,7 @@ def _orders(n: int, shop: str) -> dict[str, dict[str, Any]]:
 def test_saga_unwinds_once_with_kills_in_the_middle_of_compensation(
         kafka_broker: Broker, tmp_path: Path, store: str) -> None:
     store_url = _store_url(store, tmp_path)
-    n = 120 if FULL else 18
+    n = 120 if FULL else 12
     bs = kafka_broker.bootstrap_servers
     name = _name()
     engine, ledger = build("order", store_url, name)
