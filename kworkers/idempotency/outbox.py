@@ -49,7 +49,7 @@ from kworkers.errors import ConfigError
 from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
 from kworkers.message import Headers
 
-__all__ = ["Outbox", "OutboxRecord", "Send", "blocking_send"]
+__all__ = ["Outbox", "OutboxRecord", "Send"]
 
 log = logging.getLogger("kworkers.outbox")
 
