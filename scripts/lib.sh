@@ -105,6 +105,12 @@ ensure_iproute() {
   command -v ip >/dev/null 2>&1 || apt_install iproute2
 }
 
+# Debian's Chromium for the console's browser tests (Playwright drives it by its path; it never
+# downloads a browser of its own).
+ensure_browser() {
+  [ -x /usr/bin/chromium ] || apt_install chromium
+}
+
 # PostgreSQL and Redis for the idempotency-store tests (Debian packages, loopback only).
 ensure_stores() {
   ensure_postgres

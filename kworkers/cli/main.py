@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import click
 from confluent_kafka import KafkaException
 
+from kworkers.cli.console import console_command
 from kworkers.cli.deploy import deploy
 from kworkers.cli.dlq import dlq
 from kworkers.cli.lag import lag
@@ -47,7 +48,7 @@ def cli() -> None:
     """kworkers: Kafka consumer worker pools that never lose work nor apply an effect twice."""
 
 
-for command in (run, topics, dlq, lag, deploy, workflow_cli):
+for command in (run, topics, dlq, lag, deploy, workflow_cli, console_command):
     cli.add_command(command)
 
 

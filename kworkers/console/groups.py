@@ -1,0 +1,201 @@
+"""The Groups pages: each worker group with its retry group, lag, KEDA's answer and members.
+
+The lag is ``kworkers lag``'s own reading (``kworkers.cli.lag.read_lag``: KEDA's rules, the
+retry tier group apart, waiting vs due counted from a bounded read), the replica count is
+``kworkers.keda.desired_replicas`` on those offsets, the members and their assignments come
+from the admin client's ``describe_consumer_groups``, and the breaker from the workers'
+``/metrics`` (``kworkers.console.breaker``). Nothing here computes a number of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+
+from kworkers.cli.lag import committed_topics, read_lag
+from kworkers.console.breaker import Endpoint, read_endpoints
+from kworkers.console.settings import ConsoleSettings
+from kworkers.kafka import clients
+from kworkers.keda import PartitionOffsets, ScaleDecision, ScalerSettings, desired_replicas
+from kworkers.lag import GroupLag
+from kworkers.topic_names import DLQ_SUFFIX, RETRY_GROUP_SUFFIX, dlq_topic, retry_group
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    """A worker group on the index: its state, and its retry group when one exists."""
+
+    group: str
+    state: str
+    kind: str
+    retry_group: str | None
+    retry_state: str | None
+
+
+@dataclass(frozen=True)
+class Member:
+    member_id: str
+    client_id: str
+    host: str
+    assignment: str  # "topic[0,1] other[2]"
+
+
+@dataclass(frozen=True)
+class Members:
+    group: str
+    state: str
+    kind: str
+    assignor: str
+    coordinator: str
+    members: list[Member]
+    problem: str | None = None  # why the group could not be described (e.g. not authorised)
+
+
+@dataclass(frozen=True)
+class TierBacklog:
+    """One retry tier topic's backlog in the retry group: lag, of which waiting and due."""
+
+    topic: str
+    lag: int
+    waiting: int
+    due: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Scale:
+    decision: ScaleDecision
+    threshold: int
+    min_replicas: int
+    max_replicas: int
+    current: int
+
+
+@dataclass(frozen=True)
+class GroupView:
+    group: str
+    main: GroupLag | None  # None: the group has no committed offsets yet
+    retry: GroupLag | None
+    tiers: list[TierBacklog]
+    scale: Scale | None
+    members: list[Members]
+    breakers: list[Endpoint] | None  # None: no --metrics-url, the state is not exported
+    dlqs: list[str]
+
+
+def _name(value: object) -> str:
+    """An enum from the admin API (``ConsumerGroupState.STABLE``) as ``stable``."""
+    name = getattr(value, "name", None)
+    return (name if isinstance(name, str) else str(value)).lower().replace("_", "-")
+
+
+def pair_groups(names: Iterable[str]) -> list[tuple[str, str | None]]:
+    """(worker group, its retry group or None), sorted; a retry group whose worker group is
+    gone is listed on its own."""
+    have = set(names)
+    out = []
+    for g in sorted(have):
+        if g.endswith(RETRY_GROUP_SUFFIX) and g[:-len(RETRY_GROUP_SUFFIX)] in have:
+            continue
+        r = retry_group(g)
+        out.append((g, r if r in have else None))
+    return out
+
+
+def list_groups(s: ConsoleSettings) -> list[GroupListing]:
+    """Every worker group on the cluster (only ``s.groups`` when the console was given some)."""
+    admin = clients.admin(s.client)
+    try:
+        res = admin.list_consumer_groups(request_timeout=s.connect_timeout).result(
+            timeout=s.connect_timeout + 5)
+    except KafkaException as exc:
+        raise clients.unreachable(s.client, exc) from None
+    listed = {g.group_id: g for g in res.valid or []}
+    names = [n for n in listed if not s.groups or n in s.groups
+             or n.removesuffix(RETRY_GROUP_SUFFIX) in s.groups]
+    out = []
+    for g, r in pair_groups(names):
+        listing = listed[g]
+        retry = listed.get(r) if r else None
+        out.append(GroupListing(g, _name(listing.state), _name(listing.type), r,
+                                None if retry is None else _name(retry.state)))
+    return out
+
+
+def describe(s: ConsoleSettings, groups: Sequence[str]) -> list[Members]:
+    """Each group's members and assignments; a group the broker will not describe (unknown,
+    not authorised) says why instead of failing the page."""
+    admin = clients.admin(s.client)
+    try:
+        futures = admin.describe_consumer_groups(list(groups),
+                                                 request_timeout=s.connect_timeout)
+    except KafkaException as exc:
+        raise clients.unreachable(s.client, exc) from None
+    out = []
+    for g in groups:
+        try:
+            d = futures[g].result(timeout=s.connect_timeout + 5)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                out.append(Members(g, "dead", "-", "-", "-", []))
+            else:
+                out.append(Members(g, "unknown", "-", "-", "-", [],
+                                   s.client.redact(clients.reason(exc))))
+            continue
+        members = []
+        for m in d.members or []:
+            tps = m.assignment.topic_partitions if m.assignment else []
+            by_topic: dict[str, list[int]] = {}
+            for tp in tps or []:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            members.append(Member(m.member_id, m.client_id, m.host, " ".join(
+                f"{t}[{','.join(map(str, sorted(ps)))}]"
+                for t, ps in sorted(by_topic.items())) or "(nothing assigned)"))
+        node = d.coordinator
+        out.append(Members(g, _name(d.state), _name(getattr(d, "type", "unknown")),
+                           d.partition_assignor or "-",
+                           f"{node.host}:{node.port} (id {node.id})" if node else "-",
+                           sorted(members, key=lambda m: m.client_id)))
+    return out
+
+
+def tier_backlogs(retry: GroupLag) -> list[TierBacklog]:
+    """Per tier topic: the retry group's lag, split into records waiting and records due."""
+    out: dict[str, TierBacklog] = {}
+    for p in retry.partitions:
+        t = out.get(p.topic, TierBacklog(p.topic, 0, 0, 0, False))
+        out[p.topic] = TierBacklog(p.topic, t.lag + p.lag, t.waiting + (p.waiting or 0),
+                                   t.due + (p.due or 0), t.truncated or p.truncated)
+    return [out[t] for t in sorted(out)]
+
+
+def scale_of(s: ConsoleSettings, main: GroupLag, current: int) -> Scale:
+    """What KEDA's Kafka scaler would ask for, with the console's trigger settings; the
+    maximum defaults to the partition count (more replicas than partitions sit idle)."""
+    parts = [PartitionOffsets(p.topic, p.partition, p.latest, p.committed)
+             for p in main.partitions]
+    top = s.max_replicas if s.max_replicas is not None else max(1, len(parts))
+    low = min(s.min_replicas, top)
+    decision = desired_replicas(ScalerSettings(lag_threshold=s.lag_threshold), parts, None,
+                                current, low, top)
+    return Scale(decision, s.lag_threshold, low, top, current)
+
+
+def group_view(s: ConsoleSettings, group: str) -> GroupView:
+    have = clients.list_topics(s.client, timeout=s.connect_timeout)
+    retry = retry_group(group)
+    members = describe(s, [group, retry])
+    sources = [t for t in committed_topics(s.client, group) if t in have]
+    main = tier = None
+    if sources:
+        main, tier = read_lag(s.client, group, sources, "latest", False)
+    current = len(members[0].members)
+    breakers = read_endpoints(s.metrics_urls) if s.metrics_urls else None
+    dlqs = sorted({dlq_topic(t) for t in sources} & {t for t in have if t.endswith(DLQ_SUFFIX)})
+    return GroupView(group, main, tier, tier_backlogs(tier) if tier else [],
+                     scale_of(s, main, current) if main else None,
+                     [m for m in members if m.group == group or m.state != "dead"],
+                     breakers, dlqs)

@@ -1,0 +1,470 @@
+"""``kworkers console`` in a real browser (Debian's Chromium, driven by Playwright) on a real
+broker, with dead letters a real Worker wrote and a "fixed" Worker running beside it.
+
+What the browser proves: every page loads; filters select what they say; a record shows its
+headers, failure and envelope; a redrive of a selection arrives in the source topic exactly
+once, read back by a fresh consumer, even when the operator confirms the same plan twice from
+two tabs; a read-only console refuses the redrive; a form posted from another site is refused;
+off loopback the console wants its token. Each page's screenshot goes to
+``$KWORKERS_CONSOLE_SCREENSHOTS`` when set (``docs/console/`` is made that way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from kworkers import Message, RetryableError, RetryPolicy, TierLadder, Worker
+from kworkers.consumer.breaker import BreakerPolicy
+from kworkers.dlq.reader import read_dlq
+from kworkers.metrics import MetricsServer
+from kworkers.retry_tiers.headers import dead_letter_headers
+from kworkers.retry_tiers.routing import DeadLetterDecision
+from kworkers.testing import Broker
+from kworkers.testing.netns import NetnsLink, netns_available
+from kworkers.testing.workload import make_topic, produce, read_all, unique
+from tests.integration.conftest import running, wait_for
+from tests.integration.test_cli_support import ROOT, DeadLetters, cli, make_dead_letters
+
+playwright = pytest.importorskip("playwright.sync_api")
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+#: What Chromium needs here: root (no sandbox), no GPU, and no calls to Google's services,
+#: which a closed network refuses many at a time.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TOKEN = "console-test-token-0123456789"
+
+
+# --- the console as an operator starts it ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def console(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``kworkers console --port 0 ARGS`` as a subprocess; yields the URL it announced."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kworkers.cli", "console", "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})})
+    assert p.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    line = p.stdout.readline() if sel.select(timeout=60) else ""
+    try:
+        if not line.startswith("kworkers console: "):
+            p.kill()
+            raise AssertionError(f"console did not start: {line!r} {p.communicate()[1]}")
+        yield line.split()[2].rstrip("/")
+    finally:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def shot(page: Page, name: str) -> None:
+    where = os.environ.get("KWORKERS_CONSOLE_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(where) / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (scripts/test installs Debian's chromium)")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    try:
+        yield ctx.new_page()
+    finally:
+        ctx.close()
+
+
+# --- the cluster: dead letters, a fixed worker, a large DLQ ----------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    bs: str
+    dead: DeadLetters
+    metrics_url: str
+    big_dlq: str
+    big: int
+
+
+def _forge_dead_letters(bs: str, n: int) -> str:
+    """A 2-partition DLQ of ``n`` dead letters (error types alternate), as a worker writes
+    them, produced directly: enough records to page through."""
+    source = unique("big")
+    dlq = make_topic(bs, f"{source}.dlq", 2)
+    producer = Producer({"bootstrap.servers": bs, "enable.idempotence": True})
+    now = time.time()
+    for i in range(n):
+        kind = "Timeout" if i % 3 == 0 else "Malformed"
+        msg = Message(source, i % 4, i, f"b{i}".encode(), f"value {i}".encode())
+        hs = dead_letter_headers(msg, "g-big", DeadLetterDecision(
+            4, "exhausted", kind, f"record {i} failed"), now - n + i)
+        producer.produce(dlq, key=msg.key, value=msg.value, headers=list(hs), partition=i % 2)
+    assert producer.flush(30) == 0
+    return dlq
+
+
+@pytest.fixture(scope="module")
+def stage(kafka_broker: Broker) -> Iterator[Stage]:
+    """4 dead letters (k0, k6: Malformed; k3, k9: Expired; k3 a task envelope) and then the
+    same group's worker, fixed: it handles every record, except two it retries 10 minutes
+    later (so a tier holds records that are waiting), with a breaker and /metrics."""
+    bs = kafka_broker.bootstrap_servers
+    dead = make_dead_letters(bs)
+    w = Worker(topics=[dead.topic], group_id=dead.group, bootstrap_servers=bs,
+               retry=RetryPolicy(initial=600.0, max_attempts=3), tiers=TierLadder((600.0,)),
+               breaker=BreakerPolicy())
+    w.create_topics()
+
+    @w.handler
+    def handle(msg: Message) -> None:
+        if (msg.key or b"").startswith(b"slow"):
+            raise RetryableError("Upstream503", "the ledger service answered 503")
+
+    metrics = MetricsServer(w.metrics, 0, "127.0.0.1").start()
+    big = 90
+    big_dlq = _forge_dead_letters(bs, big)
+    with running(w):
+        produce(bs, dead.topic, [(b"slow-1", b"s1"), (b"slow-2", b"s2")])
+        tier = f"{dead.topic}.retry.10m"
+        wait_for(lambda: len(read_all(bs, tier, 5)) >= 2, 60, "two records waiting in a tier")
+        try:
+            yield Stage(bs, dead, f"http://127.0.0.1:{metrics.port}/metrics", big_dlq, big)
+        finally:
+            metrics.close()
+
+
+@pytest.fixture(scope="module")
+def url(stage: Stage) -> Iterator[str]:
+    with console("-b", stage.bs, "--metrics-url", stage.metrics_url) as u:
+        yield u
+
+
+def _coordinates(stage: Stage, key: str) -> tuple[int, int]:
+    """(DLQ partition, offset) of the dead letter with ``key``, read back from the DLQ."""
+    for d in read_dlq(stage.bs, stage.dead.dlq).dead_letters:
+        if d.key == key.encode():
+            return d.dlq_partition, d.dlq_offset
+    raise AssertionError(f"no dead letter {key}")
+
+
+def _replays(stage: Stage) -> Counter[str]:
+    """``kw-redrive-of`` of every replay in the source topic, read by a fresh consumer."""
+    return Counter(h["kw-redrive-of"].decode() for _k, _v, h in
+                   read_all(stage.bs, stage.dead.topic, 10) if "kw-redrive-of" in h)
+
+
+# --- pages ---------------------------------------------------------------------------------
+
+
+def test_groups_pages(page: Page, url: str, stage: Stage) -> None:
+    group = stage.dead.group
+    page.goto(f"{url}/groups")
+    row = page.locator("#groups tr", has_text=group)
+    expect(row).to_contain_text(f"{group}.retry")
+    shot(page, "groups")
+    row.get_by_role("link", name=group).click()
+    expect(page.locator("h1")).to_contain_text(group)
+    parts = page.locator("#partitions tbody tr")
+    expect(parts).to_have_count(3)
+    for i in range(3):
+        cells = parts.nth(i).locator("td")
+        assert cells.nth(0).inner_text() == stage.dead.topic
+        committed, latest, lag = (int(cells.nth(j).inner_text()) for j in (2, 3, 4))
+        assert lag == latest - committed
+    expect(page.locator("#keda-replicas")).to_have_text(
+        str(min(3, -(-int(page.locator("#total-lag").inner_text().replace(",", "")) // 10))))
+    tier = page.locator("#tiers tr", has_text=f"{stage.dead.topic}.retry.10m")
+    expect(tier.locator("td").nth(2)).to_have_text("2")  # waiting, not due
+    lag, waiting, due = (int(tier.locator("td").nth(j).inner_text()) for j in (1, 2, 3))
+    assert due == lag - waiting  # (a partition never committed on counts 1, as in KEDA)
+    expect(page.locator("#breaker")).to_contain_text("closed")
+    members = page.locator("table.members").first
+    expect(members).to_contain_text(stage.dead.topic)
+    shot(page, "group")
+
+
+def test_dead_letters_filter_and_record(page: Page, url: str, stage: Stage) -> None:
+    dlq = stage.dead.dlq
+    page.goto(f"{url}/dlq")
+    page.get_by_role("link", name=dlq, exact=True).click()
+    rows = page.locator("#dead-letters tbody tr")
+    expect(rows).to_have_count(4)
+    expect(page.locator("#scan-bound")).to_contain_text("scan bound per request")
+    expect(page.locator("#scan-bound")).to_contain_text("It reached the end of the DLQ")
+    shot(page, "dead-letters")
+
+    page.fill("input[name=error_type]", "Malformed")
+    page.click("#filters button[type=submit]")
+    expect(rows).to_have_count(2)
+    assert sorted(rows.nth(i).locator("td").nth(3).inner_text() for i in range(2)) == [
+        "k0", "k6"]
+    page.goto(f"{url}/dlq/{dlq}")
+    page.fill("input[name=q]", "record 9 cannot")
+    page.click("#filters button[type=submit]")
+    expect(rows).to_have_count(1)
+    expect(rows).to_contain_text("k9")
+    origin = rows.locator("td").nth(2).inner_text().split("/")[1].split("@")[0]
+    page.goto(f"{url}/dlq/{dlq}?origin_partition={origin}")
+    assert all(rows.nth(i).locator("td").nth(2).inner_text().split("/")[1].startswith(
+        f"{origin}@") for i in range(rows.count()))
+    page.goto(f"{url}/dlq/{dlq}?since=2000-01-01T00:00&until=2000-01-02T00:00")
+    expect(rows).to_have_count(1)
+    expect(rows).to_contain_text("No record on this page matches")
+
+    p3, o3 = _coordinates(stage, "k3")
+    page.goto(f"{url}/dlq/{dlq}")
+    page.get_by_role("link", name=f"{p3}@{o3}", exact=True).click()
+    expect(page.locator("#error-type")).to_have_text("Expired")
+    expect(page.locator("#error-message")).to_have_text("record 3 cannot be handled")
+    expect(page.locator("#attempts")).to_have_text("1")
+    expect(page.locator("#value-envelope")).to_contain_text("idempotency_key: wf-3/act-3")
+    headers = page.locator("#headers")
+    expect(headers.locator("tr", has_text="kafka_dlt-original-offset")).to_contain_text(
+        "(binary int64)")
+    expect(headers.locator("tr", has_text="kw-error-type")).to_contain_text("Expired")
+    history = page.locator("#failure-history li")
+    expect(history.first).to_contain_text(f"produced to {stage.dead.topic}/")
+    expect(history.last).to_contain_text(f"dead-lettered to {dlq}/{p3}@{o3}")
+    expect(page.locator("#trace-id")).to_be_visible()
+    expect(page.locator("#value-hex")).to_be_attached()
+    shot(page, "record")
+
+
+def test_paging_a_large_dlq(page: Page, stage: Stage) -> None:
+    """90 dead letters, at most 40 read per request and 15 shown per page: following "next
+    page" shows each exactly once, every page stating its bound."""
+    with console("-b", stage.bs, "--scan-bound", "40", "--page-size", "15") as u:
+        page.goto(f"{u}/dlq/{stage.big_dlq}")
+        seen: list[str] = []
+        for _ in range(50):
+            scan = page.locator("#scan-bound").inner_text()
+            assert "20 per partition × 2 partitions = 40" in scan
+            read = int(scan.split("This page read ")[1].split()[0])
+            assert 0 < read <= 40
+            cells = page.locator("#dead-letters tbody tr td:nth-child(4)")
+            seen += cells.all_inner_texts()
+            if page.locator("#next-page").count() == 0:
+                break
+            page.click("#next-page")
+        assert sorted(seen) == sorted(f"b{i}" for i in range(stage.big))
+        assert len(seen) == len(set(seen)) == stage.big
+        # a filter pages the same way: each Timeout exactly once
+        page.goto(f"{u}/dlq/{stage.big_dlq}?error_type=Timeout")
+        timeouts: list[str] = []
+        for _ in range(50):
+            timeouts += page.locator("#dead-letters tbody tr td:nth-child(4)").all_inner_texts()
+            if page.locator("#next-page").count() == 0:
+                break
+            page.click("#next-page")
+        assert sorted(timeouts) == sorted(f"b{i}" for i in range(0, stage.big, 3))
+
+
+def test_redrive_a_selection_exactly_once(browser: Browser, page: Page, url: str,
+                                          stage: Stage) -> None:
+    """Select k0 and k9, plan, confirm; the same plan confirmed again from a second tab
+    replays nothing: the source topic holds each replay once."""
+    dlq = stage.dead.dlq
+    chosen = {f"{dlq}/{p}/{o}" for p, o in (_coordinates(stage, "k0"), _coordinates(stage, "k9"))}
+    before = _replays(stage)
+    assert not set(before) & chosen
+    page.goto(f"{url}/dlq/{dlq}")
+    for key in ("k0", "k9"):
+        page.locator("#dead-letters tbody tr", has_text=key).locator(
+            "input[type=checkbox]").check()
+    page.click("#plan-selected")
+    expect(page.locator("#plan-selected")).to_have_text("2")
+    expect(page.locator("#plan-pending")).to_have_text("2")
+    expect(page.locator("#plan-rows tbody tr")).to_have_count(2)
+    shot(page, "redrive-plan")
+    second = page.context.new_page()  # the same plan, open in a second tab
+    second.goto(page.url)
+    expect(second.locator("#confirm")).to_be_enabled()
+
+    page.click("#confirm")
+    expect(page.locator("#job-state")).to_have_text("done", timeout=60_000)
+    expect(page.locator("#job-summary")).to_have_text(
+        "redriven=2 skipped_already=0 selected=2")
+    shot(page, "redrive-done")
+    second.click("#confirm")
+    expect(second.locator("#job-state")).to_have_text("done", timeout=60_000)
+    expect(second.locator("#job-summary")).to_have_text(
+        "redriven=0 skipped_already=2 selected=2")
+
+    after = _replays(stage)
+    assert {k: after[k] - before[k] for k in chosen} == dict.fromkeys(chosen, 1)
+    assert after - before == Counter(dict.fromkeys(chosen, 1))  # and nothing else replayed
+
+    # a fresh plan of the same selection has nothing left to do
+    sel = "&".join(f"sel={p}:{o}" for p, o in (_coordinates(stage, "k0"),
+                                               _coordinates(stage, "k9")))
+    page.goto(f"{url}/dlq/{dlq}/plan?{sel}")
+    expect(page.locator("#nothing-to-do")).to_contain_text("replayed already")
+    page.goto(f"{url}/dlq/{dlq}/history")
+    ledger = page.locator("#ledger tbody tr")
+    expect(ledger).to_have_count(2)
+    expect(page.locator("#jobs tbody tr")).to_have_count(2)
+    shot(page, "redrive-history")
+    second.close()
+
+
+def test_canary_the_exactly_once_count_sees_a_duplicate(stage: Stage) -> None:
+    """The count the redrive test relies on, fed a replay produced twice by hand."""
+    topic = make_topic(stage.bs, unique("dup"), 1)
+    mark = [("kw-redrive-of", b"x.dlq/0/1")]
+    producer = Producer({"bootstrap.servers": stage.bs})
+    for _ in range(2):
+        producer.produce(topic, key=b"k", value=b"v", headers=mark)
+    assert producer.flush(30) == 0
+    seen = Counter(h["kw-redrive-of"].decode() for _k, _v, h in read_all(stage.bs, topic, 10)
+                   if "kw-redrive-of" in h)
+    assert seen != Counter({"x.dlq/0/1": 1})
+
+
+def test_read_only_refuses_a_redrive(page: Page, stage: Stage) -> None:
+    dlq = stage.dead.dlq
+    p, o = _coordinates(stage, "k6")
+    before = _replays(stage)
+    with console("-b", stage.bs, "--read-only") as u:
+        page.goto(f"{u}/dlq/{dlq}/plan?sel={p}:{o}")
+        expect(page.locator("#read-only-badge")).to_be_visible()
+        expect(page.locator("#read-only-note")).to_be_visible()
+        expect(page.locator("#confirm")).to_be_disabled()
+        shot(page, "read-only-plan")
+        page.locator("#confirm").evaluate("b => { b.disabled = false }")
+        page.click("#confirm")
+        expect(page.locator("#error")).to_contain_text("Read-only console")
+        expect(page.locator("#error-message")).to_contain_text("Nothing was replayed")
+    assert f"{dlq}/{p}/{o}" not in _replays(stage)
+    assert _replays(stage) == before
+
+
+class _Attacker(http.server.BaseHTTPRequestHandler):
+    form = ""
+
+    def do_GET(self) -> None:
+        body = self.form.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+def test_a_form_from_another_site_is_refused(page: Page, url: str, stage: Stage) -> None:
+    """The operator has the console open; a page on another origin posts a redrive to it
+    (the browser sends the console's cookie: same host, other port = same site)."""
+    dlq = stage.dead.dlq
+    p, o = _coordinates(stage, "k6")
+    fields = "".join(f'<input type="hidden" name="{k}" value="{v}">' for k, v in (
+        ("sel", f"{p}:{o}"), ("upto", f"{p}:{o + 1}"), ("csrf_token", "0" * 64)))
+    _Attacker.form = (f'<html><body><form method="post" action="{url}/dlq/{dlq}/redrive">'
+                      f'{fields}<button id="prize">Claim your prize</button></form></body></html>')
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"{url}/dlq/{dlq}")  # has the session cookie now
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.click("#prize")
+        expect(page.locator("#error")).to_contain_text("CSRF check failed")
+        expect(page.locator("#error-message")).to_contain_text("came from another site")
+        shot(page, "csrf-refused")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f"{dlq}/{p}/{o}" not in _replays(stage)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_error_pages(page: Page, url: str, stage: Stage) -> None:
+    r = page.goto(f"{url}/dlq/no-such-topic.dlq")
+    assert r is not None and r.status == 404
+    expect(page.locator("#error-message")).to_contain_text(
+        "topic 'no-such-topic.dlq' does not exist")
+    r = page.goto(f"{url}/dlq/{stage.dead.dlq}/record/0/999999")
+    assert r is not None and r.status == 400
+    expect(page.locator("#error-message")).to_contain_text("no record at")
+    with console("-b", f"127.0.0.1:{_closed_port()}", "--connect-timeout", "1") as down:
+        r = page.goto(f"{down}/groups")
+        assert r is not None and r.status == 503
+        expect(page.locator("#error")).to_contain_text("Kafka is unreachable")
+        expect(page.locator("#error-message")).to_contain_text("cannot reach Kafka at 127.0.0.1:")
+        shot(page, "broker-unreachable")
+
+
+def test_token_required_off_loopback(browser: Browser, stage: Stage) -> None:
+    """Bound to a veth address of a namespace this test makes: no token, no start; with one,
+    the browser gets 401 until it signs in with the token as the password."""
+    why = netns_available()
+    if why is not None or shutil.which("ip") is None:
+        pytest.skip(f"no network namespace here: {why}")
+    with NetnsLink() as link:
+        refused = cli("console", "-b", stage.bs, "--host", link.host_ip, "--port", "0",
+                      timeout=60, env={"KWORKERS_CONSOLE_TOKEN": ""})
+        assert refused.returncode == 2
+        assert "set a token" in refused.stderr and "Traceback" not in refused.stderr
+        with console("-b", stage.bs, "--host", link.host_ip,
+                     env={"KWORKERS_CONSOLE_TOKEN": TOKEN}) as u:
+            assert u.startswith(f"http://{link.host_ip}:")
+            port = int(u.rsplit(":", 1)[1])
+            with pytest.raises(ConnectionRefusedError):  # not on loopback at all
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            anon = browser.new_context()
+            r = anon.new_page().goto(f"{u}/groups")
+            assert r is not None and r.status == 401
+            assert "Token required" in (r.text() or "")
+            anon.close()
+            wrong = browser.new_context(http_credentials={"username": "ops",
+                                                          "password": "not-the-token-at-all"})
+            r = wrong.new_page().goto(f"{u}/groups")
+            assert r is not None and r.status == 401
+            wrong.close()
+            ops = browser.new_context(http_credentials={"username": "ops", "password": TOKEN})
+            pg = ops.new_page()
+            r = pg.goto(f"{u}/groups")
+            assert r is not None and r.status == 200
+            expect(pg.locator("#groups")).to_contain_text(stage.dead.group)
+            assert TOKEN not in pg.content()
+            ops.close()
