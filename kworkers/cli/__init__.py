@@ -3,7 +3,7 @@
 - ``main``: the ``kworkers`` group, one-line errors, the entry point;
 - ``options``: ``--bootstrap`` / ``--config`` / ``-X`` (one ``ClientSettings``), output;
 - ``run`` (and ``pool`` for ``--processes N``), ``topics``, ``dlq`` (``dlq_format`` prints),
-  ``lag``, ``deploy``.
+  ``lag``, ``deploy``, ``console`` (the web console, ``kworkers.console``).
 """
 
 from kworkers.cli.main import cli, main, run_cli

@@ -5,6 +5,7 @@
     kworkers dlq list|show|redrive --dlq T.dlq ...
     kworkers lag --group G [--topic T ...]
     kworkers deploy render MODULE:WORKER --image I --app A --partitions N
+    kworkers console [--host H --port P --read-only --metrics-url URL ...]
 
 Every command reaches the cluster the same way: ``--bootstrap``, ``--config FILE`` (client
 properties as Kafka's ``--command-config``, or a ``kworkers.toml``), ``-X key=value`` (as

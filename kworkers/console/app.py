@@ -40,7 +40,7 @@ from starlette.templating import Jinja2Templates
 from kworkers.cli.dlq_format import age_text, bytes_text, iso
 from kworkers.console import auth
 from kworkers.console.dlq_filter import ConsoleFilter, parse_filter
-from kworkers.console.dlq_pages import cursor_text, read_page
+from kworkers.console.dlq_pages import as_row, cursor_text, read_page
 from kworkers.console.groups import group_view, list_groups
 from kworkers.console.history import read_history, replayed_lookup
 from kworkers.console.jobs import Busy, Jobs
@@ -48,13 +48,11 @@ from kworkers.console.record_view import record_view
 from kworkers.console.redrive import PLAN_ROWS, plan_redrive, run_redrive
 from kworkers.console.settings import ConsoleSettings
 from kworkers.console.watermarks import watermarks
-from kworkers.dlq.record import DeadLetter
 from kworkers.dlq.redrive import ledger_key
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import KafkaUnreachable, TopicNotFound, require_topic
 from kworkers.kafka.reader import ReadTimeout, read_record
-from kworkers.retry_tiers.headers import HeaderError
 from kworkers.topic_names import DLQ_SUFFIX, ledger_topic
 
 log = logging.getLogger("kworkers.console")
@@ -214,13 +212,8 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         p, o = request.path_params["partition"], request.path_params["offset"]
         preflight()
         require_topic(client, topic, hint="is the DLQ name <topic>.dlq?")
-        msg = read_record(client, topic, p, o)
-        dead: DeadLetter | None = None
-        problem = None
-        try:
-            dead = DeadLetter.from_message(msg)
-        except HeaderError as exc:
-            problem = str(exc)
+        row = as_row(read_record(client, topic, p, o))
+        dead = row.dead
         replayed = None
         history = read_history(client, topic, RECORD_LEDGER_LOOKBACK)
         if dead is not None:
@@ -229,7 +222,7 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
                 where = f"{mark.target}" + ("" if mark.target_partition is None
                                             else f"/{mark.target_partition}")
                 replayed = (mark.at, where)
-        view = record_view(msg, dead, problem, s.avro_schema, replayed)
+        view = record_view(row.message, dead, row.problem, s.avro_schema, replayed)
         return page(request, "record.html", topic=topic, view=view, history=history,
                     replayed=replayed is not None, lookback=RECORD_LEDGER_LOOKBACK, nav="dlq")
 
