@@ -66,7 +66,8 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: with it Chromium sends "Origin: null" on the console's own form posts
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 

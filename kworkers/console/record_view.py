@@ -21,16 +21,29 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kworkers.cli.dlq_format import as_text, envelope_text, header_text
+from kworkers.cli.dlq_format import as_text, envelope_text, header_text, iso
 from kworkers.dlq.record import DeadLetter
 from kworkers.message import Message
-from kworkers.retry_tiers.headers import REDRIVE_OF, failure_of, is_own, last_value
+from kworkers.retry_tiers.headers import (
+    DEAD_LETTERED_AT,
+    DUE_AT,
+    FIRST_FAILURE_AT,
+    LAST_FAILURE_AT,
+    ORIGINAL_TIMESTAMP,
+    REDRIVE_OF,
+    failure_of,
+    is_own,
+    last_value,
+)
 from kworkers.tracing import trace_context_of
 
 #: The hex dump shows at most this many bytes of a value.
 HEX_LIMIT = 4096
 _CONFLUENT_MAGIC = b"\x00"
 _SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+#: kworkers headers holding epoch milliseconds: shown with the time they mean.
+_TIME_HEADERS = frozenset({FIRST_FAILURE_AT, LAST_FAILURE_AT, DEAD_LETTERED_AT,
+                           ORIGINAL_TIMESTAMP, DUE_AT})
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,13 @@ def decode_avro(value: bytes, schema: Any) -> Any:
     return decoded
 
 
+def _shown(name: str, value: bytes) -> str:
+    text = header_text(name, value)
+    if name in _TIME_HEADERS and value.isdigit() and len(value) <= 15:
+        text += f" ({iso(int(value) / 1000)})"
+    return text
+
+
 def _kind(name: str) -> str:
     if name.startswith("kafka_dlt-"):
         return "spring"
@@ -148,7 +168,7 @@ def record_view(msg: Message, dead: DeadLetter | None, problem: str | None,
         message=msg, dead=dead, problem=problem, text=text, hex_lines=hex_lines,
         hex_truncated=hex_cut, envelope=envelope_text(value), avro=avro,
         avro_problem=avro_problem,
-        headers=[HeaderRow(k, header_text(k, v), _kind(k)) for k, v in msg.headers],
+        headers=[HeaderRow(k, _shown(k, v), _kind(k)) for k, v in msg.headers],
         history=history_of(msg, dead, replayed),
         trace_id=None if parent is None else parent.trace_id,
         span_id=None if parent is None else parent.span_id,

@@ -43,6 +43,7 @@ from tests.integration.test_cli_support import ROOT, DeadLetters, cli, make_dead
 
 playwright = pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Error as PlaywrightError  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +131,9 @@ def _forge_dead_letters(bs: str, n: int) -> str:
     now = time.time()
     for i in range(n):
         kind = "Timeout" if i % 3 == 0 else "Malformed"
-        msg = Message(source, i % 4, i, f"b{i}".encode(), f"value {i}".encode())
+        trace = f"00-{i + 1:032x}-{i + 1:016x}-01".encode()
+        msg = Message(source, i % 4, i, f"b{i}".encode(), f"value {i}".encode(),
+                      (("traceparent", trace),))
         hs = dead_letter_headers(msg, "g-big", DeadLetterDecision(
             4, "exhausted", kind, f"record {i} failed"), now - n + i)
         producer.produce(dlq, key=msg.key, value=msg.value, headers=list(hs), partition=i % 2)
@@ -292,6 +295,10 @@ def test_paging_a_large_dlq(page: Page, stage: Stage) -> None:
                 break
             page.click("#next-page")
         assert sorted(timeouts) == sorted(f"b{i}" for i in range(0, stage.big, 3))
+        # b4 is the third record of DLQ partition 0; its trace id is i + 1 = 5
+        page.goto(f"{u}/dlq/{stage.big_dlq}/record/0/2")
+        expect(page.locator("#trace-id")).to_have_text(f"{5:032x}")
+        expect(page.locator("#value-text")).to_have_text("value 4")
 
 
 def test_redrive_a_selection_exactly_once(browser: Browser, page: Page, url: str,
@@ -451,16 +458,14 @@ def test_token_required_off_loopback(browser: Browser, stage: Stage) -> None:
             port = int(u.rsplit(":", 1)[1])
             with pytest.raises(ConnectionRefusedError):  # not on loopback at all
                 socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            anon = browser.new_context()
-            r = anon.new_page().goto(f"{u}/groups")
-            assert r is not None and r.status == 401
-            assert "Token required" in (r.text() or "")
-            anon.close()
-            wrong = browser.new_context(http_credentials={"username": "ops",
-                                                          "password": "not-the-token-at-all"})
-            r = wrong.new_page().goto(f"{u}/groups")
-            assert r is not None and r.status == 401
-            wrong.close()
+            for creds in (None, {"username": "ops", "password": "not-the-token-at-all"}):
+                ctx = browser.new_context(http_credentials=creds)  # type: ignore[arg-type]
+                with pytest.raises(PlaywrightError, match="ERR_INVALID_AUTH_CREDENTIALS"):
+                    ctx.new_page().goto(f"{u}/groups")  # the browser gives up: no page
+                r = ctx.request.get(f"{u}/groups")
+                assert r.status == 401 and "Token required" in r.text()
+                assert r.headers["www-authenticate"].startswith("Basic")
+                ctx.close()
             ops = browser.new_context(http_credentials={"username": "ops", "password": TOKEN})
             pg = ops.new_page()
             r = pg.goto(f"{u}/groups")

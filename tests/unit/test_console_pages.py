@@ -163,6 +163,7 @@ def test_record_view_shows_everything_the_headers_prove() -> None:
     assert shown["kafka_dlt-original-offset"] == ("41 (binary int64)", "spring")
     assert shown["kafka_dlt-original-partition"] == ("2 (binary int32)", "spring")
     assert shown["kw-error-type"] == ("Timeout", "kworkers")
+    assert shown["kw-dead-lettered-at"][0] == "1700000100000 (2023-11-14T22:15:00.000Z)"
     assert shown["traceparent"][1] == "user"
     what = [e.what for e in view.history]
     assert what[0].startswith("a replay of dead letter orders.dlq/1/3")
