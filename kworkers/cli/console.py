@@ -77,6 +77,11 @@ def _schema(path: str | None) -> object | None:
               help="KEDA's minReplicaCount.")
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,
               help="KEDA's maxReplicaCount (default: the partition count).")
+@click.option("--workflow-store", default=None, envvar="KWORKERS_STORE_URL", metavar="URL",
+              help="The durable workflows' store (sqlite:/postgresql:; env KWORKERS_STORE_URL), "
+                   "for the Workflows pages.")
+@click.option("--workflow-tables", default="kworkers_wf", show_default=True, metavar="PREFIX",
+              help="The workflow engine's table prefix (Engine(tables=...)).")
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS",
               help="How long a page waits for the broker before saying it is unreachable.")
@@ -84,13 +89,15 @@ def console_command(client: ClientSettings, host: str, port: int, read_only: boo
                     token_file: str | None, metrics_urls: tuple[str, ...],
                     groups: tuple[str, ...], avro_schema: str | None, scan_bound: int,
                     page_size: int, lag_threshold: int, min_replicas: int,
-                    max_replicas: int | None, connect_timeout: float) -> int:
+                    max_replicas: int | None, workflow_store: str | None,
+                    workflow_tables: str, connect_timeout: float) -> int:
     """Serve the web console: groups and lag, dead letters, redrive (Ctrl-C stops it)."""
     settings = ConsoleSettings(
         client, host=host, port=port, read_only=read_only, token=_token(token_file),
         metrics_urls=metrics_urls, groups=groups, avro_schema=_schema(avro_schema),
         scan_bound=scan_bound, page_size=page_size, lag_threshold=lag_threshold,
-        min_replicas=min_replicas, max_replicas=max_replicas, connect_timeout=connect_timeout)
+        min_replicas=min_replicas, max_replicas=max_replicas, connect_timeout=connect_timeout,
+        workflow_store=workflow_store, workflow_tables=workflow_tables)
     try:
         from kworkers.console.server import serve
     except ImportError as exc:

@@ -8,7 +8,7 @@ Modules, pure ones first:
 - ``dlq_pages``: bounded paging through a DLQ; ``record_view``: one record shown every way.
 - ``breaker``: the breaker state from the workers' ``/metrics``.
 - ``groups``, ``history``, ``redrive``, ``watermarks``: reading the broker for each page,
-  through the CLI's own functions.
+  through the CLI's own functions; ``workflows``: the workflow engine's tables.
 - ``jobs``: redrives running on their threads; ``app``: the ASGI application;
   ``server``: binding and serving.
 

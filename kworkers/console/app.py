@@ -48,12 +48,14 @@ from kworkers.console.record_view import record_view
 from kworkers.console.redrive import PLAN_ROWS, plan_redrive, run_redrive
 from kworkers.console.settings import ConsoleSettings
 from kworkers.console.watermarks import watermarks
+from kworkers.console.workflows import StoreUnavailable, WorkflowTables
 from kworkers.dlq.redrive import ledger_key
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import KafkaUnreachable, TopicNotFound, require_topic
 from kworkers.kafka.reader import ReadTimeout, read_record
 from kworkers.topic_names import DLQ_SUFFIX, ledger_topic
+from kworkers.workflow.state import STATUSES
 
 log = logging.getLogger("kworkers.console")
 HERE = Path(__file__).resolve().parent
@@ -156,6 +158,8 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
     pages = _templates(s)
     work = jobs or Jobs()
     guard_secret = secret or auth.new_secret()
+    flows = (None if s.workflow_store is None
+             else WorkflowTables(s.workflow_store, s.workflow_tables))
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("csrf", getattr(request.state, "csrf", ""))
@@ -271,6 +275,23 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         job = work.start(topic, what, run, client.redact)
         return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
+    def workflow_list(request: Request) -> Response:
+        if flows is None:
+            return page(request, "workflows.html", runs=None, nav="workflows")
+        status = (request.query_params.get("status") or "").strip() or None
+        name = (request.query_params.get("workflow") or "").strip() or None
+        return page(request, "workflows.html", runs=flows.runs(status, name), status_filter=status,
+                    workflow=name, statuses=STATUSES, nav="workflows")
+
+    def workflow_run(request: Request) -> Response:
+        if flows is None:
+            return RedirectResponse("/workflows", status_code=303)
+        wid = request.path_params["workflow_id"]
+        detail = flows.run(wid)
+        if detail is None:
+            raise HTTPException(404, f"no workflow run {wid!r} in the workflow store")
+        return page(request, "workflow.html", detail=detail, nav="workflows")
+
     def job(request: Request) -> Response:
         found = work.get(request.path_params["job"])
         if found is None:
@@ -314,6 +335,8 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
                                  "was started with; every page reads the broker again."),
         TopicNotFound: failed(404, "Topic not found"),
         Busy: failed(409, "A redrive is already running"),
+        StoreUnavailable: failed(503, "The workflow store is unavailable",
+                                 "Check --workflow-store (its URL is never shown here)."),
         ReadTimeout: failed(504, "The broker did not answer in time"),
         ConfigError: failed(400, "Cannot do that"),
         KworkersError: failed(500, "The operation failed"),
@@ -330,6 +353,8 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         Route("/dlq/{topic}/redrive", redrive, methods=["POST"]),
         Route("/dlq/{topic}/history", history),
         Route("/jobs/{job}", job),
+        Route("/workflows", workflow_list),
+        Route("/workflows/{workflow_id:path}", workflow_run),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, exception_handlers=handlers, middleware=[

@@ -61,7 +61,8 @@ class ConsoleSettings:
     from. ``groups``: show only these worker groups (default: every group). ``avro_schema``:
     the parsed writer schema dead-letter values are decoded with, when one is configured.
     KEDA's trigger: ``lag_threshold``, ``min_replicas``, ``max_replicas`` (None: the
-    partition count, the most replicas that can have work).
+    partition count, the most replicas that can have work). ``workflow_store``: where the
+    Workflows pages read the engine's tables (None: the pages say how to configure it).
     """
 
     client: ClientSettings
@@ -78,6 +79,9 @@ class ConsoleSettings:
     min_replicas: int = 0
     max_replicas: int | None = None
     connect_timeout: float = 10.0
+    #: the durable workflows' store URL (may hold a password: never shown) and table prefix
+    workflow_store: str | None = None
+    workflow_tables: str = "kworkers_wf"
 
     def __post_init__(self) -> None:
         check_exposure(self.host, self.token)

@@ -40,6 +40,7 @@ from kworkers.testing.netns import NetnsLink, netns_available
 from kworkers.testing.workload import make_topic, produce, unique
 from tests.integration.conftest import running, wait_for
 from tests.integration.test_cli_support import ROOT, DeadLetters, cli, make_dead_letters
+from tests.unit.test_console_workflows import fill
 
 playwright = pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
@@ -176,8 +177,10 @@ def stage(kafka_broker: Broker) -> Iterator[Stage]:
 
 
 @pytest.fixture(scope="module")
-def url(stage: Stage) -> Iterator[str]:
-    with console("-b", stage.bs, "--metrics-url", stage.metrics_url) as u:
+def url(stage: Stage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    store = fill(tmp_path_factory.mktemp("wf") / "wf.db")  # workflow runs, as an engine writes
+    with console("-b", stage.bs, "--metrics-url", stage.metrics_url,
+                 "--workflow-store", store) as u:
         yield u
 
 
@@ -296,6 +299,18 @@ def test_dead_letters_filter_and_record(page: Page, url: str, stage: Stage) -> N
     expect(page.locator("#trace-id")).to_be_visible()
     expect(page.locator("#value-hex")).to_be_attached()
     shot(page, "record")
+
+
+def test_workflow_pages(page: Page, url: str) -> None:
+    page.goto(f"{url}/workflows")
+    expect(page.locator("#runs tbody tr")).to_have_count(3)
+    expect(page.locator("#workflow-counts")).to_contain_text("failed")
+    shot(page, "workflows")
+    page.get_by_role("link", name="doc-2", exact=True).click()
+    expect(page.locator("#run-status")).to_have_text("failed")
+    expect(page.locator("#steps tbody tr")).to_have_count(2)
+    expect(page.locator("#run-error")).to_contain_text("Expired: model gone")
+    shot(page, "workflow-run")
 
 
 def test_paging_a_large_dlq(page: Page, stage: Stage) -> None:
