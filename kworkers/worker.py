@@ -341,7 +341,8 @@ class Worker:
         cfg = self.config
         consumer = (self._consumer(group) if self._consumer is not None else
                     KafkaConsumerAdapter(consumer_settings(
-                        cfg.client, group, cfg.group_protocol, cfg.consumer_config)))
+                        cfg.client, group, cfg.group_protocol, cfg.consumer_config),
+                        commit_timeout=cfg.commit.timeout_s))
         router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
         done: SimpleQueue[Completion] = SimpleQueue()
         hand_offs = HandOffStep(router, sender, self.metrics, consumer.group, done, self.clock,

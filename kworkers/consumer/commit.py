@@ -35,10 +35,16 @@ class CommitPolicy:
     interval_s: Seconds = 1.0
     #: a safety valve for very high rates; the interval rules below ~1M records/s
     max_completions: int = 1_000_000
+    #: how long one commit attempt may wait for the broker's answer before it counts as timed
+    #: out (retryable). librdkafka's own synchronous commit has no bound: to a broker that is
+    #: up but not answering it blocks the poll thread until the broker answers again
+    timeout_s: Seconds = 5.0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
             raise ConfigError(f"commit interval must be > 0 s, got {self.interval_s}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"commit timeout must be > 0 s, got {self.timeout_s}")
         if self.max_completions < 1:
             raise ConfigError(f"commit max_completions must be >= 1, got {self.max_completions}")
 
