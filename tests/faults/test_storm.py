@@ -114,10 +114,16 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool) -> Storm:
     try:
         wait_for(lambda: _health(port) == 200 or proc.poll() is not None, 90, "worker up")
         t_end = time.monotonic() + outage_s
-        while time.monotonic() < t_end:
+
+        def tiers() -> int:
+            return sum(end_offsets_total(bs, f"{topic}.retry.{t}", PARTS) for t in TIERS)
+
+        # Down for at least ``outage_s`` and, without a breaker, until every record failed once
+        # (on a loaded machine the first pass takes longer than the outage).
+        while time.monotonic() < t_end or (not breaker and tiers() < n):
             sample()
             time.sleep(0.25)
-        tier_writes = sum(end_offsets_total(bs, f"{topic}.retry.{t}", PARTS) for t in TIERS)
+        tier_writes = tiers()
         down.unlink()  # the downstream is back
 
         def done() -> bool:

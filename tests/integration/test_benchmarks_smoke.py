@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "peers": ("raw_mps", "kworkers_mps", "kworkers_async_mps", "read_ahead", "short_commits"),
+    "peers": ("raw_mps", "kworkers_mps", "kworkers_inline_mps", "kworkers_async_mps",
+              "kworkers_batch_mps", "read_ahead", "short_commits"),
     "throughput": ("ratio", "raw_mps", "kworkers_mps", "read_ahead", "read_ahead_defaults",
                    "short_commits"),
     "slow_io": ("ratio", "violations"),
@@ -36,10 +37,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "retry_timing": ("early", "p99_ms", "idle_cpu"),
     "commits": ("ratio", "commits_per_partition_s"),
     "soak": ("rss_growth_mb",),
+    "storm": ("handoff_mps", "noop_mps", "ratio", "recovery_s", "peak_rss_mb"),
+    "leave": ("exit_s_classic", "exit_s_consumer", "moved_s_classic", "moved_s_consumer"),
 }
 # Sides that cannot run in smoke mode; their RESULT value is "n/a".
-NOT_IN_SMOKE = {"peers": ("kworkers_batch_mps", "quix_mps", "arroyo_mps", "faststream_mps",
-                          "faststream_batch_mps")}
+NOT_IN_SMOKE = {"peers": ("quix_mps", "arroyo_mps", "faststream_mps", "faststream_batch_mps")}
 
 
 def result_line(name: str, stdout: str) -> dict[str, str]:
