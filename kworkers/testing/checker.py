@@ -199,13 +199,21 @@ class Fault:
 
     ``floors``: the group's committed position per partition right then (negative: nothing
     committed, so every offset may be delivered again). ``victim_pid``: the process a kill
-    ended, whose uncommitted work must be seen delivered again.
+    ended, whose uncommitted work must be seen delivered again. ``sampled_at``: when the floors
+    had been read back (None: at ``at``). Reading them takes time (seconds after a broker
+    restart, while the coordinator loads), and a commit seen by the read may have been made by
+    a redelivery inside that window, so the floors bind only deliveries after it.
     """
 
     at: float
     floors: Mapping[int, int]
     what: str
     victim_pid: int | None = None
+    sampled_at: float | None = None
+
+    @property
+    def floors_known_at(self) -> float:
+        return self.at if self.sampled_at is None else self.sampled_at
 
 
 class FaultLog:
@@ -216,7 +224,9 @@ class FaultLog:
         self.faults: list[Fault] = []
 
     def record(self, what: str, victim_pid: int | None = None) -> Fault:
-        fault = Fault(time.time(), dict(self._floors()), what, victim_pid)
+        at = time.time()
+        floors = dict(self._floors())
+        fault = Fault(at, floors, what, victim_pid, sampled_at=time.time())
         self.faults.append(fault)
         return fault
 
@@ -335,7 +345,7 @@ def _explained(part: int, off: int, first: float, again: float,
     if not any(f.at <= again for f in faults):
         return False
     return all(_at_or_beyond(off, f.floors.get(part)) for f in faults
-               if first <= f.at <= again)
+               if first <= f.at and f.floors_known_at <= again)
 
 
 def _at_or_beyond(offset: int, floor: int | None) -> bool:

@@ -124,6 +124,18 @@ def test_a_redelivery_needs_a_fault_whose_floor_allows_it(ledger: Ledger) -> Non
         == [(0, 1)]
 
 
+def test_floors_bind_only_deliveries_after_they_were_read_back(ledger: Ledger) -> None:
+    """After a broker restart the read-back of the floors takes seconds; a redelivery inside
+    that window may have made the very commit the read saw."""
+    _run(ledger, {0: [0, 1, 2, 3]}, pid=100, at=1.0)
+    ledger.delivered("p0o1", _msg(0, 1), pid=200, at=3.0)
+    log = _log({0: [0, 1, 2, 3]})
+    slow = Fault(2.0, {0: 2}, "broker restart", sampled_at=3.5)  # read back after the redelivery
+    assert check(ledger, log=log, faults=[slow]).unexplained == []
+    quick = Fault(2.0, {0: 2}, "broker restart", sampled_at=2.5)  # read back before it
+    assert check(ledger, log=log, faults=[quick]).unexplained == [(0, 1)]
+
+
 def test_a_kill_mid_flight_must_cause_a_redelivery(ledger: Ledger) -> None:
     _run(ledger, {0: [0, 1, 2]}, pid=100, at=1.0)
     log = _log({0: [0, 1, 2]})
