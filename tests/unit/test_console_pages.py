@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import struct
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -329,3 +330,63 @@ def test_a_redrive_needs_its_plan(loopback: TestClient) -> None:
 def test_only_get_and_post(loopback: TestClient) -> None:
     assert loopback.delete("/groups").status_code == 405
     assert loopback.get("/nowhere").status_code == 404
+
+
+# --- groups and jobs, pure parts -----------------------------------------------------------
+
+
+def test_groups_pair_with_their_retry_group() -> None:
+    from kworkers.console.groups import pair_groups
+
+    assert pair_groups(["b", "a.retry", "a", "orphan.retry"]) == [
+        ("a", "a.retry"), ("b", None), ("orphan.retry", None)]
+
+
+def test_tier_backlogs_and_keda_from_the_lag_rows() -> None:
+    from kworkers.console.groups import scale_of, tier_backlogs
+    from kworkers.lag import group_lag
+
+    retry = group_lag("g.retry", [("t.retry.1s", 0, 10, 4), ("t.retry.1s", 1, 5, 5),
+                                  ("t.retry.1m", 0, 3, 0)],
+                      waiting={("t.retry.1s", 0): (2, False), ("t.retry.1m", 0): (3, True)})
+    assert [(b.topic, b.lag, b.waiting, b.due, b.truncated) for b in tier_backlogs(retry)] == [
+        ("t.retry.1m", 3, 3, 0, True), ("t.retry.1s", 6, 2, 4, False)]
+    main = group_lag("g", [("t", 0, 100, 40), ("t", 1, 100, 100), ("t", 2, 5, None)])
+    s = ConsoleSettings(ClientSettings(), lag_threshold=20)
+    scale = scale_of(s, main, current=1)
+    # 60 + 0 + 1 (no commit, offsetResetPolicy latest) = 61 -> ceil(61 / 20) = 4, capped at 3
+    assert (scale.decision.lag, scale.decision.replicas, scale.max_replicas) == (61, 3, 3)
+    assert scale_of(ConsoleSettings(ClientSettings(), max_replicas=2), main, 1
+                    ).decision.replicas == 2
+
+
+def test_a_second_redrive_of_one_dlq_waits_and_failures_are_redacted() -> None:
+    import threading
+
+    from kworkers.console.jobs import Busy, Jobs
+    from kworkers.dlq.redrive import RedriveSummary
+
+    release = threading.Event()
+
+    def slow(progress: Callable[[int, int], None]) -> RedriveSummary:
+        progress(0, 2)
+        release.wait(30)
+        return RedriveSummary("d.dlq", 2, 2, 0, 0, False)
+
+    def broken(progress: Callable[[int, int], None]) -> RedriveSummary:
+        raise RuntimeError("auth failed for password hunter2")
+
+    jobs = Jobs()
+    first = jobs.start("d.dlq", "all", slow, str)
+    with pytest.raises(Busy, match="already running"):
+        jobs.start("d.dlq", "again", slow, str)
+    other = jobs.start("e.dlq", "x", broken, lambda t: t.replace("hunter2", "****"))
+    release.set()
+    deadline = time.monotonic() + 30  # bounds a hang only
+    while time.monotonic() < deadline and any(
+            j.state == "running" for j in jobs.recent()):
+        time.sleep(0.01)
+    done, failed = jobs.get(first.id), jobs.get(other.id)
+    assert done is not None and done.state == "done" and done.done == 2
+    assert failed is not None and failed.state == "failed"
+    assert failed.error == "RuntimeError: auth failed for password ****"
