@@ -25,6 +25,9 @@ Ordering = Literal["partition", "key"]
 #: the poll thread itself (opt-in, for fast handlers: no hand-over between threads)
 Execution = Literal["threads", "inline"]
 GroupProtocol = Literal["classic", "consumer"]
+#: "partition": a consumer group (order per partition or key; members up to the partitions);
+#: "share": a share group (KIP-932; no order, members beyond the partitions; docs/SHARE_GROUPS.md)
+Mode = Literal["partition", "share"]
 
 # Settings kworkers owns: a user's consumer_config may not override them, because the
 # guarantees rest on them (commit only after durable work, incremental rebalancing).
@@ -47,6 +50,7 @@ class WorkerConfig:
     topics: tuple[str, ...]
     group_id: str
     bootstrap_servers: str = "127.0.0.1:9092"
+    mode: Mode = "partition"
     ordering: Ordering = "partition"
     #: handler executions at once: threads for sync handlers, tasks for async ones
     concurrency: int = 8
@@ -103,6 +107,11 @@ class WorkerConfig:
             raise ConfigError(f"ordering: 'partition' or 'key', got {self.ordering!r}")
         if self.execution not in ("threads", "inline"):
             raise ConfigError(f"execution: 'threads' or 'inline', got {self.execution!r}")
+        if self.mode not in ("partition", "share"):
+            raise ConfigError(f"mode: 'partition' or 'share', got {self.mode!r}")
+        if self.mode == "share" and self.ordering != "partition":
+            raise ConfigError("ordering: a share group gives records of one key to any member, "
+                              "so share mode has no order to keep; leave ordering unset")
         if self.group_protocol not in ("classic", "consumer"):
             raise ConfigError(
                 f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")

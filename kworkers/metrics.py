@@ -49,6 +49,10 @@ MetricName = Literal[
     "kworkers_workflow_steps_total",
     "kworkers_workflow_step_duration_seconds",
     "kworkers_workflow_runs_total",
+    "kworkers_share_acknowledgements_total",
+    "kworkers_share_ack_failures_total",
+    "kworkers_share_redeliveries_total",
+    "kworkers_share_backlog",
 ]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -120,6 +124,19 @@ class Metrics:
         self.breaker_transitions = Counter(
             "kworkers_breaker_transitions", "Circuit breaker state changes, by new state",
             ["group", "to"], registry=r)
+        self.share_acks = Counter(
+            "kworkers_share_acknowledgements", "Share-group acknowledgements sent, by type "
+            "(accept, release, reject)", ["group", "type"], registry=r)
+        self.share_ack_failures = Counter(
+            "kworkers_share_ack_failures", "Share-group acknowledgements the broker refused "
+            "(the record is delivered again)", ["group"], registry=r)
+        self.share_redeliveries = Counter(
+            "kworkers_share_redeliveries", "Share-group records acquired with a delivery count "
+            "above 1", ["group"], registry=r)
+        self.share_backlog = Gauge(
+            "kworkers_share_backlog", "Share group: log end minus one past the highest offset "
+            "this worker acquired; per partition take the min over replicas, then sum",
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemin")
         self.redriven = Counter(
             "kworkers_redriven", "Dead letters replayed to their topic", ["dlq_topic"],
             registry=r)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Collection
 from queue import SimpleQueue
 from types import FrameType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast, overload
 
 from confluent_kafka import KafkaException
 
@@ -45,10 +45,17 @@ from kworkers.retry_tiers.router import FailureRouter, Sender
 from kworkers.supervision import Fault, Supervisor
 from kworkers.topic_plan import plan_topics, specs
 
+if TYPE_CHECKING:
+    from kworkers.share.ports import SharePort
+    from kworkers.share.processor import ShareProcessor
+
 log = logging.getLogger("kworkers.worker")
 H = TypeVar("H", bound=Callable[..., Any])
-#: builds the consumer of one group (the main group, then the retry group)
-ConsumerFactory = Callable[[str], ConsumerPort]
+#: builds the consumer of one group (the main group, then the retry group); in share mode the
+#: main group's is a ``kworkers.share.ports.SharePort``
+ConsumerFactory = Callable[[str], "ConsumerPort | SharePort"]
+#: a poll loop: the partitioned ``Processor``, or the share group's ``ShareProcessor``
+Loop: TypeAlias = "Processor | ShareProcessor"
 
 
 class Worker:
@@ -98,7 +105,7 @@ class Worker:
                                                           self.clock)
         self._handler: Handler | None = None
         self._batch = False
-        self._loops: list[Processor] = []
+        self._loops: list[Loop] = []
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._started = threading.Event()
@@ -164,7 +171,7 @@ class Worker:
         return new
 
     @property
-    def loops(self) -> list[Processor]:
+    def loops(self) -> list[Loop]:
         """The main loop's processor, then the retry loop's (empty before ``run``)."""
         return list(self._loops)
 
@@ -337,26 +344,38 @@ class Worker:
 
     def _processor(self, group: str, topics: tuple[str, ...], handler: Handler, sender: Sender,
                    classify: Callable[[BaseException], SendErrorKind], runtime: Runtime,
-                   breaker: Breaker | None, tiers: bool) -> Processor:
+                   breaker: Breaker | None, tiers: bool) -> Loop:
         cfg = self.config
-        consumer = (self._consumer(group) if self._consumer is not None else
+
+        def runner(consumer_group: str, timeout: float | None, invoke: Invoker) -> Runner:
+            router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
+            done: SimpleQueue[Completion] = SimpleQueue()
+            hand_offs = HandOffStep(router, sender, self.metrics, consumer_group, done,
+                                    self.clock, self._hard_stop, self.supervisor, classify,
+                                    cfg.handoff_limit)
+            return Runner(handler, invoke, hand_offs, runtime, self.clock, timeout, done,
+                          breaker, self._retryable, cfg.batch if self._batch else None)
+
+        made = self._consumer(group) if self._consumer is not None else None
+        if cfg.mode == "share" and not tiers:
+            from kworkers.share.wiring import kafka_share_port, share_loop
+
+            port = cast("SharePort", made) if made is not None else kafka_share_port(cfg)
+            return share_loop(cfg, port, lambda t, inv: runner(port.group, t, inv),
+                              self._invoke, runtime.is_async, self.metrics, self.clock,
+                              self.supervisor)
+        consumer = (cast(ConsumerPort, made) if made is not None else
                     KafkaConsumerAdapter(consumer_settings(
                         cfg.client, group, cfg.group_protocol, cfg.consumer_config),
                         commit_timeout=cfg.commit.timeout_s))
-        router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
-        done: SimpleQueue[Completion] = SimpleQueue()
-        hand_offs = HandOffStep(router, sender, self.metrics, consumer.group, done, self.clock,
-                                self._hard_stop, self.supervisor, classify, cfg.handoff_limit)
-        runner = Runner(handler, self._invoke, hand_offs, runtime, self.clock,
-                        cfg.message_timeout, done, breaker, self._retryable,
-                        cfg.batch if self._batch else None)
         gate = None
         if tiers:
             max_ahead = max(cfg.tiers.delays) * 2 + cfg.retry.normalized().max_interval
             gate = TierGate(cfg.delay_buffer, cfg.consume_batch, max_ahead,
                             self.metrics.retry_lateness.labels(consumer.group), self.clock)
-        return Processor(cfg, consumer, topics, runner, self.metrics, self.clock,
-                         self.supervisor, gate)
+        return Processor(cfg, consumer, topics,
+                         runner(consumer.group, cfg.message_timeout, self._invoke),
+                         self.metrics, self.clock, self.supervisor, gate)
 
     def _install_signals(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():

@@ -1,0 +1,43 @@
+"""A share partition as one member sees it: its lanes and the delivery count of each record.
+
+Reuses the consumer core's ``PartitionState`` on purpose: runners, the hand-off step and the
+completion queue all speak in ``(PartitionState, offsets)``, which is exactly the
+``(topic, partition, offset)`` a share acknowledgement needs. The offset tracker goes unused
+(a share group has no position to commit), and there are no revokes: records are lent one by
+one, and a lane is made per fed chunk, so many lanes of one partition run at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from kworkers.clock import Clock
+from kworkers.consumer.partition import Lane, PartitionState
+from kworkers.consumer.runner import current_lane
+from kworkers.message import Message
+
+
+class SharePartition(PartitionState):
+    __slots__ = ("_ids", "deliveries")
+
+    def __init__(self, topic: str, partition: int, clock: Clock) -> None:
+        super().__init__(topic, partition, clock)
+        #: offset -> delivery count, for the records of this partition held now
+        self.deliveries: dict[int, int] = {}
+        self._ids = itertools.count()
+
+    def new_lane(self) -> Lane:
+        lane = self.lanes[next(self._ids)] = Lane(self)
+        return lane
+
+
+def delivery_count(msg: Message) -> int | None:
+    """How many times the share group delivered ``msg`` (1 the first time), when called from
+    the handler running it in share mode; None elsewhere (partitioned mode, retry tiers)."""
+    lane = current_lane.get()
+    if lane is None:
+        return None
+    part = lane.part
+    if not isinstance(part, SharePartition) or part.tp != (msg.topic, msg.partition):
+        return None
+    return part.deliveries.get(msg.offset)

@@ -1,0 +1,58 @@
+"""Assembles a share-group loop from the worker's parts (``Worker`` calls this in share mode).
+
+The order matters: the group's start position is set before the first member joins, and the
+group's lock and delivery limit are read before any record is taken, because the deadline and
+the last-delivery rule derive from them (``ShareRules``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kworkers.clock import Clock
+from kworkers.config import WorkerConfig
+from kworkers.consumer.ports import Invoker
+from kworkers.consumer.runner import Runner
+from kworkers.metrics import Metrics
+from kworkers.share.gate import LockGate
+from kworkers.share.ports import RecordKey, SharePort
+from kworkers.share.processor import ShareProcessor
+from kworkers.share.rules import ShareRules
+from kworkers.supervision import Supervisor
+
+log = logging.getLogger("kworkers.share")
+
+#: builds the runner for the share loop: (handler deadline, invoker) -> Runner
+MakeRunner = Callable[[float, Invoker], Runner]
+
+
+def kafka_share_port(config: WorkerConfig) -> SharePort:
+    from kworkers.share.consumer import ShareConsumerAdapter, share_consumer_settings
+
+    security = config.client_security()
+    conf = share_consumer_settings(config.bootstrap_servers, config.group_id,
+                                   {**security, **config.consumer_config})
+    admin = {"bootstrap.servers": config.bootstrap_servers, "log_level": 3, **security}
+    return ShareConsumerAdapter(conf, admin)
+
+
+def share_loop(config: WorkerConfig, port: SharePort, make_runner: MakeRunner, invoke: Invoker,
+               is_async: bool, metrics: Metrics, clock: Clock,
+               supervisor: Supervisor) -> ShareProcessor:
+    from kworkers.share.consumer import offset_reset_of
+
+    port.ensure_offset_reset(offset_reset_of(config.consumer_config))
+    group = port.group_settings()
+    rules = ShareRules.of(group, config.message_timeout)
+    log.info("share group %s: lock %.0fs, delivery limit %d, handler deadline %.1fs",
+             port.group, rules.lock_s, rules.delivery_limit, rules.deadline_s)
+    if group.renew_enabled:
+        log.info("share group %s allows RENEW (share.renew.acknowledge.enable) but "
+                 "confluent-kafka 2.16 cannot send it: handlers stay within the lock",
+                 port.group)
+    held: dict[RecordKey, float] = {}
+    gate = LockGate(invoke, rules, clock, held, is_async)
+    runner = make_runner(rules.deadline_s, gate)
+    return ShareProcessor(config, port, config.topics, runner, gate, rules, metrics, clock,
+                          supervisor)
