@@ -1,0 +1,127 @@
+"""A share-mode worker process for the share suites: every delivery, its delivery count and every
+application of the effect go to append-only ledgers, and the tests judge from them.
+
+    python -m tests.apps.share_worker BOOTSTRAP TOPIC GROUP --store URL [options]
+
+The effect is ``store.apply_once(key, ledger.apply_in)`` with a lease claim first
+(``Worker(idempotency=store)``): the ledger lives in the store's database and its row commits
+with the done-mark, so a redelivered record is absorbed (each effect once). ``--dc-ledger PATH``
+records ``(key, delivery count)`` of each handler call in a standalone ledger (table
+``share_dc``, the count in the note).
+
+Faults: ``--crash-key KEY`` SIGKILLs the process before the effect on *every* delivery of KEY
+(a record that kills its worker); ``--kill KEY@STEP`` as in ``ledger_worker`` (once per key).
+Failures: ``--flaky-every N`` fails the first attempt of every N-th record (retryable),
+``--poison-every M`` fails every M-th record for good (non-retryable).
+
+Canaries (deliberately broken, each caught by a check in the suite):
+``--canary accept-early`` returns from the handler before the effect (the effect runs on a
+thread afterwards), so a kill in between loses it; ``--canary no-last-delivery`` disables the
+last-delivery rule, so a crash-looping record is archived by the broker instead of reaching
+the DLQ; ``--canary broken-claim`` makes the store's claim always succeed and the effect a
+plain append, so a redelivery applies the effect twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from kworkers import Message, NonRetryableError, RetryableError, RetryPolicy, TierLadder, Worker
+from kworkers.activity import ActivityInvoker
+from kworkers.idempotency import TransactionalStore, open_store
+from kworkers.share import delivery_count
+from kworkers.testing.instruments import KillPoint, RecordingInvoker, StoreProbe, message_key
+from kworkers.testing.ledger import Ledger
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bootstrap")
+    ap.add_argument("topic")
+    ap.add_argument("group")
+    ap.add_argument("--store", required=True, help="idempotency store URL (sqlite/postgres)")
+    ap.add_argument("--dc-ledger", help="standalone ledger for delivery counts")
+    ap.add_argument("--slow-ms", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--crash-key", action="append", default=[])
+    ap.add_argument("--kill", action="append", default=[], metavar="KEY@STEP")
+    ap.add_argument("--markers", help="directory of the kill points' markers")
+    ap.add_argument("--flaky-every", type=int, default=0)
+    ap.add_argument("--poison-every", type=int, default=0)
+    ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "broken-claim"])
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(name)s %(message)s")
+    kills = [KillPoint(spec, args.markers) for spec in args.kill]
+    store: Any = open_store(args.store)
+    txn: TransactionalStore[Any] = store
+    ledger = Ledger.on_store(store)
+    counts = Ledger(args.dc_ledger, table="share_dc") if args.dc_ledger else None
+    if args.canary == "no-last-delivery":
+        from kworkers.share.rules import ShareRules
+
+        ShareRules.is_last_delivery = lambda self, n: False  # type: ignore[method-assign]
+    claims = StoreProbe(store, claim_always_acquired=args.canary == "broken-claim")
+    invoker = RecordingInvoker(ledger, ActivityInvoker(claims, lease_s=5.0))
+    worker = Worker(
+        topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
+        mode="share", concurrency=args.concurrency, invoke=invoker, drain_timeout=20.0,
+        retry=RetryPolicy(initial=0.2, backoff=2.0, max_interval=1.0, max_attempts=3),
+        tiers=TierLadder((0.25, 0.5)),
+    )
+    later: list[threading.Thread] = []
+
+    def effect(key: str, msg: Message) -> None:
+        if args.canary == "broken-claim":
+            ledger.apply(key, msg)  # no transaction with a done-mark: at least once
+            return
+        txn.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))
+
+    @worker.handler
+    def handle(msg: Message) -> None:
+        key = message_key(msg)
+        if counts is not None:
+            counts.apply(key, msg, note=str(delivery_count(msg)))
+        if args.slow_ms:
+            time.sleep(args.slow_ms / 1000)
+        if key in args.crash_key:
+            os.kill(os.getpid(), signal.SIGKILL)
+        for k in kills:
+            k.at("before-effect", key)
+        n = int(key) if key.isdigit() else -1
+        if args.poison_every and n % args.poison_every == 0:
+            raise NonRetryableError("Poison", f"record {key} can never be handled")
+        if args.flaky_every and n % args.flaky_every == 0 and msg.attempt == 1:
+            raise RetryableError("Flaky", f"record {key} fails its first attempt")
+        if args.canary == "accept-early":
+            t = threading.Thread(target=lambda: (time.sleep(1.0), effect(key, msg)),
+                                 daemon=True)
+            t.start()
+            later.append(t)
+            return
+        effect(key, msg)
+        for k in kills:
+            k.at("after-effect", key)
+
+    worker.create_topics()  # idempotent; several workers may race to it
+    print("worker ready", flush=True)
+    worker.run()
+    for t in later:
+        t.join()
+    print("worker stopped cleanly", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
