@@ -18,8 +18,8 @@ Canaries (deliberately broken, each caught by a check in the suite):
 ``--canary accept-early`` returns from the handler before the effect (the effect runs on a
 thread afterwards), so a kill in between loses it; ``--canary no-last-delivery`` disables the
 last-delivery rule, so a crash-looping record is archived by the broker instead of reaching
-the DLQ; ``--canary broken-claim`` makes the store's claim always succeed and the effect a
-plain append, so a redelivery applies the effect twice.
+the DLQ; ``--canary no-receiver`` applies the effect as a plain append, not through the
+store's transaction, so a redelivery applies it twice.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kworkers import Message, NonRetryableError, RetryableError, RetryPolicy, Ti
 from kworkers.activity import ActivityInvoker
 from kworkers.idempotency import TransactionalStore, open_store
 from kworkers.share import delivery_count
-from kworkers.testing.instruments import KillPoint, RecordingInvoker, StoreProbe, message_key
+from kworkers.testing.instruments import KillPoint, RecordingInvoker, message_key
 from kworkers.testing.ledger import Ledger
 
 
@@ -55,7 +55,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markers", help="directory of the kill points' markers")
     ap.add_argument("--flaky-every", type=int, default=0)
     ap.add_argument("--poison-every", type=int, default=0)
-    ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "broken-claim"])
+    ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "no-receiver"])
     return ap.parse_args(argv)
 
 
@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         from kworkers.share.rules import ShareRules
 
         ShareRules.is_last_delivery = lambda self, n: False  # type: ignore[method-assign]
-    claims = StoreProbe(store, claim_always_acquired=args.canary == "broken-claim")
-    invoker = RecordingInvoker(ledger, ActivityInvoker(claims, lease_s=5.0))
+    invoker = RecordingInvoker(ledger, ActivityInvoker(store, lease_s=5.0))
     worker = Worker(
         topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
         mode="share", concurrency=args.concurrency, invoke=invoker, drain_timeout=20.0,
@@ -83,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     later: list[threading.Thread] = []
 
     def effect(key: str, msg: Message) -> None:
-        if args.canary == "broken-claim":
+        for k in kills:
+            k.at("before-effect", key)
+        if args.canary == "no-receiver":
             ledger.apply(key, msg)  # no transaction with a done-mark: at least once
             return
         txn.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))
@@ -97,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.slow_ms / 1000)
         if key in args.crash_key:
             os.kill(os.getpid(), signal.SIGKILL)
-        for k in kills:
-            k.at("before-effect", key)
         n = int(key) if key.isdigit() else -1
         if args.poison_every and n % args.poison_every == 0:
             raise NonRetryableError("Poison", f"record {key} can never be handled")

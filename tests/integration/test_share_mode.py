@@ -25,7 +25,13 @@ from kworkers.testing import Broker
 from kworkers.testing.checker import check, read_log
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.processes import WorkerProcess
-from kworkers.testing.workload import full_size, make_topic, produce_numbered, produce_steady, unique
+from kworkers.testing.workload import (
+    full_size,
+    make_topic,
+    produce_numbered,
+    produce_steady,
+    unique,
+)
 from tests.integration.conftest import running, wait_for
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,279 @@
+"""Share mode under faults on the real broker: SIGKILLs mid-handler, a broker restart, a record
+that kills every worker it reaches, and the canaries that show each check failing.
+
+Judged from data read back, never from the workers' counters: the source topic read from its
+start (``read_log``), the append-only ledger in the store's database (deliveries with the pid
+that got them, effects applied in the store's transaction), the delivery counts each handler
+call saw (a second ledger), and the DLQ topic read from its start.
+
+What must hold (``_judge``):
+
+- nothing lost: every record's effect was applied, or the record is in the DLQ;
+- each effect once (the idempotency receiver absorbs redeliveries);
+- a killed process's unfinished records were delivered again (to another process, or dead-
+  lettered at the delivery limit), and a record delivered more than once shows a delivery count
+  that grew with each delivery;
+- a record that kills every worker goes to the DLQ on its last allowed delivery
+  (``share.delivery.count.limit``) instead of being archived by the broker.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._resource import ResourceType
+
+from kworkers.idempotency import SqliteStore
+from kworkers.testing import Broker
+from kworkers.testing.checker import Fault, FaultLog, Log, check, read_log
+from kworkers.testing.ledger import Ledger
+from kworkers.testing.processes import WorkerProcess
+from kworkers.testing.workload import (
+    full_size,
+    make_topic,
+    produce_numbered,
+    produce_steady,
+    unique,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+ROOT = str(Path(__file__).resolve().parents[2])
+LIMIT = 3
+CRASH = "7"
+#: a canary run is over once nothing moved for this long after its restart
+QUIET_S = 6.0
+
+
+def _limit(bs: str, group: str, limit: int) -> None:
+    """The group's delivery limit, set before any member joins (Kafka's range is 2-10)."""
+    admin = AdminClient({"bootstrap.servers": bs, "log_level": 3})
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[ConfigEntry(
+        "share.delivery.count.limit", str(limit), incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(15)
+
+
+class Pool:
+    """Share worker processes; ``tick`` restarts the dead and remembers who died when."""
+
+    def __init__(self, n: int, bs: str, topic: str, group: str, tmp: Path, *extra: str) -> None:
+        args = ["-m", "tests.apps.share_worker", bs, topic, group, "--store",
+                f"sqlite:///{tmp}/store.db", "--dc-ledger", str(tmp / "dc.db"), *extra]
+        self.workers = [WorkerProcess(args, tmp, f"{group}-w{i}", cwd=ROOT) for i in range(n)]
+        #: (pid, when it was seen dead)
+        self.victims: list[tuple[int, float]] = []
+
+    def tick(self) -> None:
+        for w in self.workers:
+            if w.alive:
+                continue
+            if w.proc is not None:
+                self.victims.append((w.proc.pid, time.time()))
+            w.start()
+
+    def wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            self.tick()
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            if w.alive:
+                assert w.terminate() == 0, w.log()[-3000:]
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+def _dlq(bs: str, topic: str) -> dict[str, bytes]:
+    """DLQ'd record value -> its error type."""
+    return {(r.value or b"").decode(): dict(r.headers).get("kw-error-type", b"")
+            for r in read_log(bs, f"{topic}.dlq")}
+
+
+def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
+           victims: list[tuple[int, float]], faults: list[Fault],
+           crash_keys: set[str]) -> list[str]:
+    """What went wrong, if anything (see the module docstring). ``faults``: what the test did
+    (each recorded just *before* it happened); a record killing its own worker (``crash_keys``)
+    is a fault at each of its deliveries."""
+    wrong: list[str] = []
+    applied = ledger.applications()
+    deliveries = [d for d in ledger.deliveries() if d.topic == log.topic]
+    faults = faults + [Fault(d.at, {}, f"{d.key} killed pid {d.pid}", None)
+                       for d in deliveries if d.key in crash_keys]
+    keys = {(r.value or b"").decode() for r in log}
+    report = check(ledger, log=log, expected=keys - {k for k in dlq if k not in applied},
+                   faults=faults)
+    print(report.summary())
+    wrong += report.failures()
+    both = sorted(k for k in applied if k in dlq and dlq[k] != b"DeliveryLimitReached")
+    if both:
+        wrong.append(f"effected and dead-lettered for a failure: {both[:5]}")
+    # a killed process's unfinished records were delivered again (or dead-lettered): a record
+    # it was running whose effect nobody had applied before it died
+    first_effect: dict[str, float] = {}
+    for e in ledger.effects():
+        first_effect.setdefault(e.key, e.at)
+    for pid, died in victims:
+        for d in deliveries:
+            if d.pid != pid or d.key in dlq or first_effect.get(d.key, died + 1) <= died:
+                continue
+            if not any(o.key == d.key and o.pid != pid and o.at > d.at for o in deliveries):
+                wrong.append(f"{d.key} was running in pid {pid} (died by {died:.1f}) and was "
+                             "never delivered again")
+    # the delivery count grew with every delivery of a record
+    seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for e in counts.effects():
+        if e.topic == log.topic:
+            seen[e.key].append((e.at, int(e.note)))
+    for key, rows in seen.items():
+        dcs = [n for _at, n in sorted(rows)]
+        if any(b <= a for a, b in pairwise(dcs)) or dcs[0] < 1:
+            wrong.append(f"{key}: delivery counts {dcs} do not grow")
+    return wrong
+
+
+def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_once(
+        fault_broker: Broker, tmp_path: Path) -> None:
+    bs = fault_broker.bootstrap_servers
+    topic, group = make_topic(bs, unique("skill"), 2), unique("g")
+    _limit(bs, group, LIMIT)
+    total = full_size(20_000, 2000)
+    kills = full_size(12, 4)
+    rnd = random.Random(7)
+    store = SqliteStore(tmp_path / "store.db")
+    ledger = Ledger.on_store(store)
+    counts = Ledger(tmp_path / "dc.db", table="share_dc")
+    pool = Pool(3, bs, topic, group, tmp_path, "--slow-ms", "3", "--crash-key", CRASH)
+    faults = FaultLog(lambda: {})
+    producer = threading.Thread(target=produce_steady, args=(bs, topic, total, 300),
+                                daemon=True)
+    try:
+        pool.tick()
+        producer.start()
+        pool.wait(lambda: ledger.counts()[1] > 0, 90, "first effects")
+        for i in range(kills):
+            before = ledger.counts()[0]
+            pool.wait(lambda b=before: ledger.counts()[0] > b + 100, 120,  # type: ignore[misc]
+                      "progress")
+            victim = rnd.choice(pool.workers)
+            faults.record(f"SIGKILL {victim.pid}")  # before: a release follows at once
+            victim.kill()
+            pool.tick()
+            if i == kills // 2:
+                faults.record("broker restart")
+                fault_broker.restart()
+            time.sleep(rnd.uniform(0.0, 1.0))
+        producer.join(180)
+        dlq: dict[str, bytes] = {}
+
+        def settled() -> bool:
+            nonlocal dlq
+            if ledger.counts()[1] < total - LIMIT * 10:
+                return False
+            dlq = _dlq(bs, topic)
+            return len(ledger.applications().keys() | dlq.keys()) >= total
+
+        pool.wait(settled, 300, "every record effected or dead-lettered")
+        pool.stop()
+        log = read_log(bs, topic)
+        wrong = _judge(ledger, counts, log, dlq, pool.victims, faults.faults, {CRASH})
+        assert not wrong, wrong[:10]
+        # the record that kills its worker ran LIMIT - 1 times, then went to the DLQ unrun
+        assert dlq[CRASH] == b"DeliveryLimitReached"
+        assert [int(e.note) for e in counts.effects() if e.key == CRASH] == list(
+            range(1, LIMIT))
+        assert CRASH not in ledger.applications()
+        # kills landed on work in flight: records were delivered again, with higher counts
+        assert any(int(e.note) > 1 for e in counts.effects() if e.key != CRASH)
+        assert len(pool.victims) >= kills + LIMIT - 1
+    finally:
+        pool.close()
+
+
+CANARIES = {
+    # canary: (its flags, the group's delivery limit, the finding that must catch it)
+    "accept-early": (["--kill", "3@before-effect"], 5, "missing="),
+    "no-last-delivery": (["--crash-key", "3"], 2, "missing="),
+    "no-receiver": (["--kill", "3@after-effect"], 5, "duplicates="),
+}
+
+
+def _canary(canary: str, bs: str, tmp: Path) -> list[str]:
+    flags, limit, _finding = CANARIES[canary]
+    topic, group = make_topic(bs, unique(f"canary-{canary}"), 1), unique("g")
+    _limit(bs, group, limit)
+    ledger = Ledger.on_store(SqliteStore(tmp / "store.db"))
+    counts = Ledger(tmp / "dc.db", table="share_dc")
+    pool = Pool(1, bs, topic, group, tmp, "--canary", canary, "--markers", str(tmp),
+                "--concurrency", "1", *flags)
+    produce_numbered(bs, topic, 20)
+    try:
+        pool.tick()
+        pool.wait(lambda: bool(pool.victims), 90, f"{canary}: the kill")
+        # settled: the restarted worker had time to join and nothing moved for a while
+        last: list[object] = []
+        since = [time.monotonic()]
+
+        def quiet() -> bool:
+            now = [ledger.counts(), counts.counts(), len(pool.victims)]
+            if now != last:
+                last[:] = now
+                since[0] = time.monotonic()
+            return time.monotonic() - since[0] > QUIET_S
+
+        pool.wait(quiet, 120, f"{canary}: the run to settle")
+        pool.stop()
+        return _judge(ledger, counts, read_log(bs, topic), _dlq(bs, topic), pool.victims, [],
+                      {"3"})
+    finally:
+        pool.close()
+
+
+def test_canaries_are_caught(kafka_broker: Broker, tmp_path: Path) -> None:
+    """Each broken variant of the share app makes ``_judge`` fail, for the right reason:
+
+    - accept-early: records are accepted before their effect; a kill in between loses them;
+    - no-last-delivery: the record that kills its worker runs on its last delivery, kills it
+      again, and the broker archives it: neither effected nor in the DLQ;
+    - no-receiver: a record killed after its effect is delivered again and, without the
+      store's transaction, applied twice.
+
+    The three run side by side (each its own topic, group and process) to keep CI short.
+    """
+    bs = kafka_broker.bootstrap_servers
+    found: dict[str, list[str] | BaseException] = {}
+
+    def run(canary: str) -> None:
+        tmp = tmp_path / canary
+        tmp.mkdir()
+        try:
+            found[canary] = _canary(canary, bs, tmp)
+        except BaseException as exc:
+            found[canary] = exc
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in CANARIES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for canary, (_flags, _limit, finding) in CANARIES.items():
+        wrong = found.get(canary)
+        if isinstance(wrong, BaseException):
+            raise wrong
+        print(canary, wrong)
+        assert wrong and any(w.startswith(finding) for w in wrong), (
+            f"the {canary} canary was not caught: {wrong}")
