@@ -1,7 +1,7 @@
 """The clients kworkers makes, built from one ``ClientSettings`` (an adapter module).
 
-Every admin client, topic reader and transactional producer comes from here, with the
-configuration ``kworkers.kafka.settings`` gives its role, so no module builds a client
+Every admin client, topic reader, share consumer and transactional producer comes from here,
+with the configuration ``kworkers.kafka.settings`` gives its role, so no module builds a client
 dictionary of its own. Client trouble becomes a ``ConfigError`` with one line an operator can
 act on: a property librdkafka refuses, a cluster that cannot be reached (``KafkaUnreachable``),
 credentials it refuses (said at once, not after the connect timeout), a missing topic
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata
 
@@ -24,6 +24,7 @@ from kworkers.kafka.settings import (
     admin_settings,
     as_client,
     reader_settings,
+    share_consumer_settings,
     transactional_producer_settings,
 )
 
@@ -69,6 +70,12 @@ def _build(make: Callable[[dict[str, Any]], T], conf: Mapping[str, Any],
 def admin(client: ClientSettings | str, **callbacks: Any) -> AdminClient:
     c = as_client(client)
     return _build(AdminClient, {**admin_settings(c), **callbacks}, c)
+
+
+def share_consumer(client: ClientSettings | str, group: str,
+                   overrides: Mapping[str, Any] | None = None) -> ShareConsumer:
+    c = as_client(client)
+    return _build(ShareConsumer, share_consumer_settings(c, group, overrides), c)
 
 
 def reader(client: ClientSettings | str, group: str = "kworkers-reader") -> Consumer:

@@ -198,6 +198,26 @@ def consumer_settings(client: ClientSettings | str, group: str, protocol: str = 
     })
 
 
+#: the one consumer property share mode turns into a group config (share.auto.offset.reset)
+OFFSET_RESET = "auto.offset.reset"
+
+
+def share_consumer_settings(client: ClientSettings | str, group: str,
+                            overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A share-group consumer (KIP-932): records acknowledged one by one, explicitly, by
+    kworkers alone (implicit mode would accept a poll's records on the next poll, done or not).
+    ``auto.offset.reset`` is not a share consumer property: share mode sets the group's
+    ``share.auto.offset.reset`` from it instead (``kworkers.share``)."""
+    role = dict(overrides or {})
+    if "share.acknowledgement.mode" in role:
+        raise ConfigError("consumer_config: share.acknowledgement.mode is set by kworkers itself "
+                          "in share mode (explicit: a record is accepted once its work is "
+                          "durable)")
+    role.pop(OFFSET_RESET, None)
+    return _config(client, {"log_level": 4}, role, {
+        "group.id": group, "share.acknowledgement.mode": "explicit"})
+
+
 def producer_settings(client: ClientSettings | str,
                       overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The hand-off producer: idempotent, acks from all replicas, bounded delivery time."""

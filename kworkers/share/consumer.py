@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
@@ -36,6 +36,9 @@ from confluent_kafka.admin._resource import ResourceType
 
 from kworkers.consumer.ports import TP
 from kworkers.errors import ConfigError
+from kworkers.kafka import clients
+from kworkers.kafka.clients import reason
+from kworkers.kafka.settings import OFFSET_RESET, ClientSettings
 from kworkers.message import Headers, Message
 from kworkers.share.ports import (
     AckFailure,
@@ -49,10 +52,6 @@ from kworkers.share.ports import (
 log = logging.getLogger("kworkers.share")
 
 ADMIN_TIMEOUT_S = 15.0
-#: client properties kworkers sets itself in share mode
-OWNED = frozenset({"share.acknowledgement.mode"})
-#: the one consumer property share mode translates into a group config
-OFFSET_RESET = "auto.offset.reset"
 
 _TYPES = {"accept": AcknowledgeType.ACCEPT, "release": AcknowledgeType.RELEASE,
           "reject": AcknowledgeType.REJECT}
@@ -71,29 +70,6 @@ def offset_reset_of(consumer_config: Mapping[str, Any]) -> OffsetReset:
     return "earliest" if value == "earliest" else "latest"
 
 
-def share_consumer_settings(bootstrap: str, group: str,
-                            extra: Mapping[str, Any]) -> dict[str, Any]:
-    owned = sorted(OWNED & set(extra))
-    if owned:
-        raise ConfigError(f"consumer_config: {owned} are set by kworkers itself in share mode "
-                          "(explicit acknowledgement: a record is accepted once its work is "
-                          "durable)")
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "share.acknowledgement.mode": "explicit",
-        "log_level": 4,
-    }
-    conf.update({k: v for k, v in extra.items() if k != OFFSET_RESET})
-    conf.update({"group.id": group, "share.acknowledgement.mode": "explicit"})
-    return conf
-
-
-def _reason(exc: BaseException) -> str:
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
-    return err.str() if isinstance(err, KafkaError) else str(err)
-
-
 def _headers(h: Any) -> Headers:
     items = h.items() if isinstance(h, dict) else h
     return tuple((str(k), v if isinstance(v, bytes) else (b"" if v is None else str(v).encode()))
@@ -104,15 +80,13 @@ class ShareConsumerAdapter:
     """A ``SharePort`` over confluent-kafka: the share consumer (poll thread only) and an admin
     client for the group's configs and the log ends (thread-safe)."""
 
-    def __init__(self, conf: Mapping[str, Any], admin_conf: Mapping[str, Any]) -> None:
-        self.group = str(conf["group.id"])
-        try:
-            self._c = ShareConsumer(dict(conf))
-        except (KafkaException, ValueError, TypeError) as exc:
-            raise ConfigError(f"share consumer settings: {_reason(exc)}") from None
+    def __init__(self, client: ClientSettings, group: str,
+                 overrides: Mapping[str, Any] | None = None) -> None:
+        self.group = group
+        self.client = client
+        self._c = clients.share_consumer(client, group, overrides)
         self._failures: list[AckFailure] = []
         self._c.set_acknowledgement_commit_callback(self._acked)
-        self._admin_conf = dict(admin_conf)
         self._admin_client: AdminClient | None = None
 
     # ------------------------------------------------------------------ consumer (poll thread)
@@ -144,7 +118,7 @@ class ShareConsumerAdapter:
         except (KafkaException, ValueError, RuntimeError) as exc:
             # e.g. the consumer no longer holds the record: the broker will deliver it again
             self._failures.append(AckFailure(key[0], key[1], frozenset({key[2]}),
-                                             _reason(exc)))
+                                             reason(exc)))
 
     def flush(self, wait: float | None = None) -> None:
         try:
@@ -154,13 +128,13 @@ class ShareConsumerAdapter:
                 self._c.commit_sync(wait)
         except (KafkaException, RuntimeError) as exc:
             log.warning("%s: sending acknowledgements failed (%s); the client sends them with "
-                        "the next poll", self.group, _reason(exc))
+                        "the next poll", self.group, reason(exc))
 
     def _acked(self, offsets: Mapping[KafkaTP, set[int]], exc: BaseException | None) -> None:
         for tp, offs in offsets.items():
             err = tp.error if getattr(tp, "error", None) is not None else exc
             if err is not None:
-                text = err.str() if isinstance(err, KafkaError) else _reason(err)
+                text = err.str() if isinstance(err, KafkaError) else reason(err)
                 self._failures.append(AckFailure(tp.topic, tp.partition, frozenset(offs), text))
 
     def ack_failures(self) -> list[AckFailure]:
@@ -174,7 +148,7 @@ class ShareConsumerAdapter:
 
     def _admin(self) -> AdminClient:
         if self._admin_client is None:
-            self._admin_client = AdminClient(self._admin_conf)
+            self._admin_client = clients.admin(self.client)
         return self._admin_client
 
     def group_settings(self) -> GroupSettings:
@@ -184,7 +158,7 @@ class ShareConsumerAdapter:
                 [res], request_timeout=ADMIN_TIMEOUT_S)[res].result(ADMIN_TIMEOUT_S)
         except KafkaException as exc:
             raise ConfigError(f"cannot read share group {self.group}'s configs: "
-                              f"{_reason(exc)}") from None
+                              f"{reason(exc)}") from None
         values = {k: entries[k].value for k in _GROUP_KEYS if k in entries}
         missing = [k for k in _GROUP_KEYS[:3] if values.get(k) is None]
         if missing:
@@ -207,7 +181,7 @@ class ShareConsumerAdapter:
                 [res], request_timeout=ADMIN_TIMEOUT_S)[res].result(ADMIN_TIMEOUT_S)
         except KafkaException as exc:
             raise ConfigError(f"cannot set share.auto.offset.reset={reset} on share group "
-                              f"{self.group} ({_reason(exc)}); set it with kafka-configs "
+                              f"{self.group} ({reason(exc)}); set it with kafka-configs "
                               "--entity-type groups, or allow the worker ALTER_CONFIGS on "
                               "the group") from None
         log.info("share group %s: share.auto.offset.reset set to %s", self.group, reset)

@@ -28,13 +28,9 @@ MakeRunner = Callable[[float, Invoker], Runner]
 
 
 def kafka_share_port(config: WorkerConfig) -> SharePort:
-    from kworkers.share.consumer import ShareConsumerAdapter, share_consumer_settings
+    from kworkers.share.consumer import ShareConsumerAdapter
 
-    security = config.client_security()
-    conf = share_consumer_settings(config.bootstrap_servers, config.group_id,
-                                   {**security, **config.consumer_config})
-    admin = {"bootstrap.servers": config.bootstrap_servers, "log_level": 3, **security}
-    return ShareConsumerAdapter(conf, admin)
+    return ShareConsumerAdapter(config.client, config.group_id, config.consumer_config)
 
 
 def share_loop(config: WorkerConfig, port: SharePort, make_runner: MakeRunner, invoke: Invoker,

@@ -6,9 +6,10 @@ import pytest
 
 from kworkers import ConfigError, Message, WorkerConfig, is_non_retryable
 from kworkers.clock import FakeClock
+from kworkers.kafka.settings import ClientSettings, share_consumer_settings
 from kworkers.settings import from_env
 from kworkers.share.backlog import BacklogReporter, estimate
-from kworkers.share.consumer import offset_reset_of, share_consumer_settings
+from kworkers.share.consumer import offset_reset_of
 from kworkers.share.gate import LockGate
 from kworkers.share.ports import GroupSettings
 from kworkers.share.rules import CHUNK_S, MAX_CHUNK, DeliveryLimitReached, ShareRules
@@ -102,12 +103,14 @@ def test_where_a_share_group_starts_follows_auto_offset_reset() -> None:
 
 
 def test_share_consumer_settings_own_the_acknowledgement_mode() -> None:
-    conf = share_consumer_settings("b:9092", "g", {"auto.offset.reset": "latest",
-                                                   "fetch.max.bytes": 1000})
-    assert conf["share.acknowledgement.mode"] == "explicit"
+    client = ClientSettings.of("b:9092", {"sasl.username": "u", "sasl.password": "p"})
+    conf = share_consumer_settings(client, "g", {"auto.offset.reset": "latest",
+                                                 "fetch.max.bytes": 1000})
+    assert conf["share.acknowledgement.mode"] == "explicit" and conf["group.id"] == "g"
     assert "auto.offset.reset" not in conf and conf["fetch.max.bytes"] == 1000
+    assert conf["security.protocol"] == "SASL_PLAINTEXT"  # the shared security travels too
     with pytest.raises(ConfigError, match=r"share\.acknowledgement\.mode"):
-        share_consumer_settings("b:9092", "g", {"share.acknowledgement.mode": "implicit"})
+        share_consumer_settings(client, "g", {"share.acknowledgement.mode": "implicit"})
 
 
 def test_mode_is_a_setting_and_share_mode_keeps_no_order() -> None:
