@@ -1,4 +1,5 @@
-"""What KEDA's Kafka scaler would do with a consumer group: a pure replica calculator.
+"""What KEDA would do with a worker pool: a pure replica calculator (the Kafka scaler on a
+consumer group; a Prometheus trigger on the backlog of a share group, at the end).
 
 Why mirror it here: the pool is sized by KEDA, not by kworkers, so the only way to reason about
 a deployment (what does one slow partition do? do waiting retries scale the pool? when does it
@@ -161,11 +162,7 @@ def desired_replicas(
     (``committed_offsets`` of that poll's partitions), or None on the first poll: only
     ``excludePersistentLag`` reads it, and on a first poll nothing counts as persistent.
     """
-    if min_replicas < 0 or max_replicas < 1 or min_replicas > max_replicas:
-        raise ConfigError(f"replica bounds: need 0 <= min <= max and max >= 1, got "
-                          f"min={min_replicas}, max={max_replicas}")
-    if current_replicas < 0:
-        raise ConfigError(f"current_replicas: must be >= 0, got {current_replicas}")
+    _check_bounds(current_replicas, min_replicas, max_replicas)
     threshold = settings.lag_threshold
     scaling = full = with_lag = 0
     for p in partitions:
@@ -191,13 +188,26 @@ def desired_replicas(
     active = full > settings.activation_lag_threshold
     if not active and min_replicas == 0:
         return ScaleDecision(full, scaling, False, 0)
-    floor = max(min_replicas, 1)
-    want = math.ceil(scaling / threshold) if scaling > 0 else 0
-    if tolerance > 0 and current_replicas > 0:
-        ratio = scaling / (threshold * current_replicas)
-        if abs(ratio - 1.0) <= tolerance:
-            want = current_replicas
-    return ScaleDecision(full, scaling, active, min(max(want, floor), max_replicas))
+    return ScaleDecision(full, scaling, active, _hpa(scaling, threshold, current_replicas,
+                                                     min_replicas, max_replicas, tolerance))
+
+
+def _check_bounds(current: int, min_replicas: int, max_replicas: int) -> None:
+    if min_replicas < 0 or max_replicas < 1 or min_replicas > max_replicas:
+        raise ConfigError(f"replica bounds: need 0 <= min <= max and max >= 1, got "
+                          f"min={min_replicas}, max={max_replicas}")
+    if current < 0:
+        raise ConfigError(f"current_replicas: must be >= 0, got {current}")
+
+
+def _hpa(metric: int, threshold: int, current: int, min_replicas: int, max_replicas: int,
+         tolerance: float) -> int:
+    """The HPA on an AverageValue metric: ``ceil(metric / threshold)`` (held at the current
+    size within ``tolerance``), clamped to ``[max(min, 1), max]``."""
+    want = math.ceil(metric / threshold) if metric > 0 else 0
+    if tolerance > 0 and current > 0 and abs(metric / (threshold * current) - 1.0) <= tolerance:
+        want = current
+    return min(max(want, min_replicas, 1), max_replicas)
 
 
 def _go_div(a: int, b: int) -> int:
@@ -213,3 +223,71 @@ def committed_offsets(partitions: Iterable[PartitionOffsets]) -> dict[TP, int]:
     commit is never persistent.
     """
     return {p.tp: p.committed for p in partitions if p.committed is not None and p.has_commit}
+
+
+# --- share groups ------------------------------------------------------------------------------
+#
+# KEDA's Kafka scaler reads consumer-group offsets, which a share group does not have (KEDA
+# issue 7920), so a share-mode pool scales on a Prometheus trigger fed by the workers' own
+# ``kworkers_share_backlog`` gauge (``kworkers.share.backlog``: per partition, the log end minus
+# one past the highest offset that worker acquired). Each replica sees the partitions it
+# fetched from, and the one that fetched last is closest, so the query takes the minimum per
+# partition over replicas and sums the partitions: summing over replicas would count one backlog
+# once per replica and grow the pool on its own output. The Prometheus scaler's default
+# ``metricType`` is ``AverageValue``: the HPA wants ``ceil(backlog / threshold)`` replicas, and
+# nothing caps that at the partition count; ``maxReplicaCount`` does, and the broker's
+# ``group.share.max.size`` (200 by default) bounds the members of one share group.
+#
+# Scale to zero does not work on this metric: with no replica running nobody exports it, KEDA
+# reads no backlog and never activates. Share-mode pools keep ``minReplicaCount >= 1``.
+
+#: members a share group takes by default (the broker's ``group.share.max.size``)
+SHARE_GROUP_MAX_SIZE = 200
+
+
+def share_backlog_query(group: str) -> str:
+    """The PromQL of the share trigger: min per partition over replicas, summed."""
+    if not group or any(c in group for c in '"\\\n'):
+        raise ConfigError(f"group: cannot be quoted in a PromQL label matcher: {group!r}")
+    return f'sum(min by (topic, partition) (kworkers_share_backlog{{group="{group}"}}))'
+
+
+@dataclass(frozen=True)
+class BacklogSample:
+    """One replica's ``kworkers_share_backlog`` for one partition, as Prometheus has it."""
+
+    replica: str
+    topic: str
+    partition: int
+    backlog: int
+
+
+def share_backlog(samples: Iterable[BacklogSample]) -> int:
+    """What ``share_backlog_query`` evaluates to over these samples."""
+    best: dict[TP, int] = {}
+    for s in samples:
+        tp, n = (s.topic, s.partition), max(0, s.backlog)
+        best[tp] = min(best.get(tp, n), n)
+    return sum(best.values())
+
+
+def desired_share_replicas(
+    settings: ScalerSettings,
+    samples: Iterable[BacklogSample],
+    current_replicas: int,
+    min_replicas: int,
+    max_replicas: int,
+    *,
+    tolerance: float = 0.0,
+) -> ScaleDecision:
+    """KEDA's decision for a share-mode pool on the Prometheus trigger: ``lag_threshold`` is
+    the trigger's ``threshold`` (backlog per replica), ``activation_lag_threshold`` its
+    ``activationThreshold``; the other Kafka-scaler settings do not apply. No partition cap."""
+    _check_bounds(current_replicas, min_replicas, max_replicas)
+    backlog = share_backlog(samples)
+    active = backlog > settings.activation_lag_threshold
+    if not active and min_replicas == 0:
+        return ScaleDecision(backlog, backlog, False, 0)
+    return ScaleDecision(backlog, backlog, active, _hpa(
+        backlog, settings.lag_threshold, current_replicas, min_replicas, max_replicas,
+        tolerance))

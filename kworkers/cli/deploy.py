@@ -43,7 +43,9 @@ def deploy() -> None:
               help="Partitions of the source topics (caps maxReplicaCount).")
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,
-              help="At most the partition count (the default).")
+              help="At most the partition count (the default); share mode: required.")
+@click.option("--prometheus", default=None,
+              help="Share mode: the Prometheus server KEDA queries for the backlog.")
 @click.option("--sasl-secret", default=None, help="Secret holding SASL username/password.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the files under this directory instead of printing them.")
@@ -51,7 +53,8 @@ def deploy() -> None:
 @bootstrap_option
 @property_option
 def deploy_render(target: str, image: str, app: str, partitions: int, namespace: str,
-                  max_replicas: int | None, sasl_secret: str | None, out_dir: str | None,
+                  max_replicas: int | None, prometheus: str | None, sasl_secret: str | None,
+                  out_dir: str | None,
                   config_path: str | None, bootstrap: str | None,
                   properties: tuple[str, ...]) -> None:
     """Render the Deployment, ConfigMap, KEDA ScaledObject (and TriggerAuthentication) from
@@ -63,7 +66,8 @@ def deploy_render(target: str, image: str, app: str, partitions: int, namespace:
     _check_carried(settings.overrides(flags, os.environ, config_path))
     worker = configure(target, flags, os.environ, config_path)
     files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
-                   namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret)
+                   namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret,
+                   prometheus=prometheus)
     for name, text in sorted(files.items()):
         if out_dir is None:
             click.echo(f"# --- {name}\n{text}")

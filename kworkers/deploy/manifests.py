@@ -30,7 +30,7 @@ from kworkers.deploy import env as envvars
 from kworkers.deploy.yamltext import dump
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import is_secret_key
-from kworkers.keda import ScalerSettings
+from kworkers.keda import SHARE_GROUP_MAX_SIZE, ScalerSettings, share_backlog_query
 
 KEDA_API = "keda.sh/v1alpha1"
 #: seconds SIGTERM handling may need beyond the drain and revoke deadlines: closing the
@@ -110,11 +110,12 @@ def manifests(
     partitions: int,
     namespace: str = "default",
     max_replicas: int | None = None,
-    min_replicas: int = 0,
+    min_replicas: int | None = None,
     metrics_port: int = 9100,
     sasl_secret: str | None = None,
     scaler: ScalerSettings | None = None,
     resources: Resources | None = None,
+    prometheus: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The manifests as objects, keyed by the file they are written to (see ``render``)."""
     for what, name in (("app", app), ("namespace", namespace)):
@@ -129,14 +130,18 @@ def manifests(
         raise ConfigError(f"image: expected an image reference, got {image!r}")
     if not isinstance(partitions, int) or partitions < 1:
         raise ConfigError(f"partitions: must be >= 1, got {partitions!r}")
-    top = partitions if max_replicas is None else max_replicas
-    if top > partitions:
-        raise ConfigError(
-            f"max_replicas={top} > {partitions} partitions: a consumer beyond the partition "
-            "count owns nothing and sits idle; add partitions instead")
-    if top < 1 or not 0 <= min_replicas <= top:
+    if config.mode == "share":
+        top, low = _share_bounds(max_replicas, min_replicas, prometheus)
+    else:
+        top = partitions if max_replicas is None else max_replicas
+        low = 0 if min_replicas is None else min_replicas
+        if top > partitions:
+            raise ConfigError(
+                f"max_replicas={top} > {partitions} partitions: a consumer beyond the partition "
+                "count owns nothing and sits idle; add partitions instead")
+    if top < 1 or not 0 <= low <= top:
         raise ConfigError(f"replica bounds: need 0 <= min_replicas <= max_replicas >= 1, got "
-                          f"{min_replicas}..{top}")
+                          f"{low}..{top}")
     if not 1 <= metrics_port <= 65535:
         raise ConfigError(f"metrics_port: 1..65535, got {metrics_port}")
     scaler = scaler or DEFAULT_SCALER
@@ -147,8 +152,8 @@ def manifests(
         "k8s/configmap.yaml": _configmap(config, names, sasl_secret is not None),
         "k8s/deployment.yaml": _deployment(config, names, image, _command_target(module),
                                            metrics_port, sasl_secret, resources or Resources()),
-        "keda/scaledobject.yaml": _scaledobject(config, names, scaler, min_replicas, top,
-                                                sasl_secret is not None),
+        "keda/scaledobject.yaml": _scaledobject(config, names, scaler, low, top,
+                                                sasl_secret is not None, prometheus),
     }
     if sasl_secret is not None:
         files["keda/triggerauthentication.yaml"] = _triggerauth(names, sasl_secret)
@@ -164,27 +169,34 @@ def render(
     partitions: int,
     namespace: str = "default",
     max_replicas: int | None = None,
-    min_replicas: int = 0,
+    min_replicas: int | None = None,
     metrics_port: int = 9100,
     sasl_secret: str | None = None,
     scaler: ScalerSettings | None = None,
     resources: Resources | None = None,
+    prometheus: str | None = None,
 ) -> dict[str, str]:
     """File name (``k8s/...`` or ``keda/...``) -> YAML text, for ``kworkers deploy render``.
 
     ``image``: the worker image; ``app``: names every object (a DNS label); ``module``:
     ``package.module[:attr]`` holding the ``Worker`` (``:worker`` when no attribute is given);
     ``partitions``: of the source topics; ``maxReplicaCount`` (``max_replicas``, default
-    ``partitions``) may not exceed it (``ConfigError``); ``min_replicas`` 0 lets KEDA scale to
-    zero; ``sasl_secret``: a Secret with ``username`` and ``password`` keys, used by the pods
-    and by KEDA; ``scaler``: the Kafka trigger settings (``DEFAULT_SCALER``); ``resources``:
-    container requests and limits.
+    ``partitions``) may not exceed it (``ConfigError``); ``min_replicas`` (default) 0 lets KEDA
+    scale to zero; ``sasl_secret``: a Secret with ``username`` and ``password`` keys, used by
+    the pods and by KEDA; ``scaler``: the Kafka trigger settings (``DEFAULT_SCALER``);
+    ``resources``: container requests and limits.
+
+    Share mode (``config.mode == "share"``): the main trigger is a Prometheus query over the
+    workers' backlog gauge at ``prometheus`` (the server address, required); ``max_replicas``
+    is required and not capped by the partitions (at most ``group.share.max.size``, 200 by
+    default); ``min_replicas`` is at least 1 (default 1: see ``kworkers.keda``).
     """
     objs = manifests(config, image=image, app=app, module=module, partitions=partitions,
                      namespace=namespace, max_replicas=max_replicas, min_replicas=min_replicas,
                      metrics_port=metrics_port, sasl_secret=sasl_secret, scaler=scaler,
-                     resources=resources)
-    return {name: dump(obj, _COMMENTS[name]) for name, obj in objs.items()}
+                     resources=resources, prometheus=prometheus)
+    comments = {**_COMMENTS, **(_SHARE_COMMENTS if config.mode == "share" else {})}
+    return {name: dump(obj, comments[name]) for name, obj in objs.items()}
 
 
 # ---------------------------------------------------------------------- objects
@@ -321,12 +333,49 @@ def _trigger_name(*parts: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
 
 
+def _share_bounds(max_replicas: int | None, min_replicas: int | None,
+                  prometheus: str | None) -> tuple[int, int]:
+    """(max, min) replicas of a share-mode pool, or why not."""
+    if not prometheus or any(c.isspace() for c in prometheus):
+        raise ConfigError("prometheus: share mode scales on a Prometheus query of the workers' "
+                          "backlog gauge (KEDA's Kafka scaler cannot read a share group): pass "
+                          f"the server address, got {prometheus!r}")
+    if max_replicas is None:
+        raise ConfigError("max_replicas: a share group is not capped by the partitions; say "
+                          "how far the pool may grow")
+    if max_replicas > SHARE_GROUP_MAX_SIZE:
+        raise ConfigError(f"max_replicas={max_replicas} > {SHARE_GROUP_MAX_SIZE}: the broker "
+                          "refuses members beyond group.share.max.size (raise it there first)")
+    low = 1 if min_replicas is None else min_replicas
+    if low < 1:
+        raise ConfigError("min_replicas: a share-mode pool scales on a backlog its running "
+                          "workers export; at zero replicas nobody exports it and KEDA never "
+                          "scales up again: keep at least 1")
+    return max_replicas, low
+
+
+def _share_trigger(config: WorkerConfig, scaler: ScalerSettings,
+                   prometheus: str) -> dict[str, Any]:
+    return {"type": "prometheus", "name": _trigger_name("main", "share", config.group_id),
+            "metadata": {
+                "serverAddress": prometheus,
+                "query": share_backlog_query(config.group_id),
+                "threshold": str(scaler.lag_threshold),
+                "activationThreshold": str(scaler.activation_lag_threshold),
+            }}
+
+
 def _scaledobject(config: WorkerConfig, names: _Names, scaler: ScalerSettings,
-                  min_replicas: int, max_replicas: int, sasl: bool) -> dict[str, Any]:
+                  min_replicas: int, max_replicas: int, sasl: bool,
+                  prometheus: str | None) -> dict[str, Any]:
     retry = dataclasses.replace(scaler, exclude_persistent_lag=True)
     auth = names.auth if sasl else None
-    triggers = [_trigger(_trigger_name("main", t), config, config.group_id, t, scaler, auth)
-                for t in config.topics]
+    if config.mode == "share":
+        assert prometheus is not None  # _share_bounds
+        triggers = [_share_trigger(config, scaler, prometheus)]
+    else:
+        triggers = [_trigger(_trigger_name("main", t), config, config.group_id, t, scaler,
+                             auth) for t in config.topics]
     triggers += [_trigger(_trigger_name("retry", t), config, config.retry_group_id, t, retry,
                           auth)
                  for t in config.tier_topics()]
@@ -395,5 +444,24 @@ maxReplicaCount is at most the partition count: a consumer beyond it owns no par
 Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
 KEDA's credentials for the Kafka triggers (sasl: plaintext is set in their metadata), read
 from the same Secret the worker pods use: keys `username` and `password`.
+""",
+}
+
+#: share mode's ScaledObject says what differs
+_SHARE_COMMENTS: Mapping[str, str] = {
+    "keda/scaledobject.yaml": """\
+Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
+Share mode (KIP-932): the main group is a share group, which KEDA's Kafka scaler cannot read
+(a share group has no committed offsets; KEDA issue 7920), so the main trigger is a
+Prometheus query over the workers' own kworkers_share_backlog gauge: each worker exports, per
+partition, the log end minus one past the highest offset it acquired; the query takes the
+minimum per partition over replicas (the freshest view) and sums the partitions, never a sum
+over replicas, which would count one backlog once per replica.
+- main-share-*: ceil(backlog / threshold) replicas; not capped by the partition count (share
+  groups lend records one by one to any number of members), only by maxReplicaCount and the
+  broker's group.share.max.size (200 by default).
+- retry-*: the retry tiers stay on an ordinary consumer group, scaled as in partitioned mode.
+minReplicaCount is at least 1: at zero replicas nobody exports the backlog and KEDA would
+never scale the pool up again.
 """,
 }

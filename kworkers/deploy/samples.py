@@ -6,6 +6,7 @@ reader copies from always match what ``render`` produces today.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,24 @@ def example_files() -> dict[str, str]:
     return render(example_config(), **EXAMPLE_ARGS)
 
 
+#: the same pool in share mode: what differs is its ScaledObject, committed beside the other
+SHARE_EXAMPLE_ARGS: dict[str, Any] = {
+    **EXAMPLE_ARGS, "max_replicas": 24,
+    "prometheus": "http://prometheus-operated.monitoring.svc:9090",
+}
+SHARE_EXAMPLE_FILE = "keda/scaledobject-share.yaml"
+
+
+def share_example_files() -> dict[str, str]:
+    share = dataclasses.replace(example_config(), mode="share")
+    return {SHARE_EXAMPLE_FILE: render(share, **SHARE_EXAMPLE_ARGS)["keda/scaledobject.yaml"]}
+
+
 def write_examples(deploy_dir: Path) -> list[Path]:
-    """Writes ``example_files()`` under ``deploy_dir`` (the repository's ``deploy/``)."""
+    """Writes ``example_files()`` and ``share_example_files()`` under ``deploy_dir`` (the
+    repository's ``deploy/``)."""
     written = []
-    for name, text in example_files().items():
+    for name, text in {**example_files(), **share_example_files()}.items():
         path = deploy_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
