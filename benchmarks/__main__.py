@@ -9,7 +9,7 @@ import sys
 from benchmarks.common import Mode
 
 BENCHMARKS = ("peers", "throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak",
-              "storm", "leave")
+              "storm", "leave", "share")
 
 
 def main(argv: list[str] | None = None) -> int:

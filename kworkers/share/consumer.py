@@ -34,12 +34,13 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._resource import ResourceType
 
+from kworkers.consumer.kafka import _headers  # one conversion of client headers
 from kworkers.consumer.ports import TP
 from kworkers.errors import ConfigError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import reason
 from kworkers.kafka.settings import OFFSET_RESET, ClientSettings
-from kworkers.message import Headers, Message
+from kworkers.message import Message
 from kworkers.share.ports import (
     AckFailure,
     AckType,
@@ -68,12 +69,6 @@ def offset_reset_of(consumer_config: Mapping[str, Any]) -> OffsetReset:
         raise ConfigError(f"consumer_config: {OFFSET_RESET} must be earliest or latest in share "
                           f"mode (it becomes the group's share.auto.offset.reset), got {value!r}")
     return "earliest" if value == "earliest" else "latest"
-
-
-def _headers(h: Any) -> Headers:
-    items = h.items() if isinstance(h, dict) else h
-    return tuple((str(k), v if isinstance(v, bytes) else (b"" if v is None else str(v).encode()))
-                 for k, v in items)
 
 
 class ShareConsumerAdapter:
