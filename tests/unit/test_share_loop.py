@@ -358,3 +358,24 @@ def test_a_deadline_longer_than_the_lock_allows_is_refused_before_anything_runs(
     with pytest.raises(ConfigError, match="message_timeout"):
         w.run(install_signals=False)
     assert not model.acks
+
+
+def test_async_handlers_run_in_share_mode_too() -> None:
+    import asyncio
+
+    model = ModelShare(120, batch=40)
+    seen: list[tuple[int, int | None]] = []
+
+    async def handle(msg: Message) -> None:
+        await asyncio.sleep(0.001)
+        seen.append((msg.offset, delivery_count(msg)))
+        if msg.offset == 5:
+            raise RetryableError("Flaky", "once")
+
+    w, sender, t = _worker(model, handle, concurrency=8)
+    _until(model.settled)
+    _stop(w, t)
+    assert sorted(o for o, _dc in seen) == list(range(120))
+    assert {dc for _o, dc in seen} == {1}
+    assert [(topic, v) for topic, v, _h in sender.sent] == [("t.retry.1s", b"5")]
+    assert Counter(kind for _k, kind in model.acks) == {"accept": 120}
