@@ -200,6 +200,10 @@ def consumer_settings(client: ClientSettings | str, group: str, protocol: str = 
 
 #: the one consumer property share mode turns into a group config (share.auto.offset.reset)
 OFFSET_RESET = "auto.offset.reset"
+#: records one share poll may acquire: a crash adds a delivery to every record its member held,
+#: so hold about what the lanes start soon (the broker still hands a larger producer batch
+#: over whole); librdkafka's default is 500
+SHARE_MAX_POLL_RECORDS = 100
 
 
 def share_consumer_settings(client: ClientSettings | str, group: str,
@@ -214,7 +218,7 @@ def share_consumer_settings(client: ClientSettings | str, group: str,
                           "in share mode (explicit: a record is accepted once its work is "
                           "durable)")
     role.pop(OFFSET_RESET, None)
-    return _config(client, {"log_level": 4}, role, {
+    return _config(client, {"log_level": 4, "max.poll.records": SHARE_MAX_POLL_RECORDS}, role, {
         "group.id": group, "share.acknowledgement.mode": "explicit"})
 
 
