@@ -14,7 +14,7 @@ here, on the poll thread, when its completion arrives:
   (``HandOffStep`` posts the completion only then), so the record is never in neither place;
 - a record too late to start under its lock (``LockGate``), or not started when the worker
   stops -> RELEASE: another member takes it now, and its delivery count goes up by one;
-- a record on its last allowed delivery -> the DLQ (``ShareRules``), then ACCEPT.
+- a record near its delivery limit -> the DLQ first, unrun (``ShareRules``), then ACCEPT.
 
 One more rule comes from the client (confluent-kafka 2.16.1, Preview): ``poll`` raises
 ``IllegalStateException`` while any record of the previous poll is unacknowledged. So a member
@@ -202,9 +202,11 @@ class ShareProcessor:
                 held[key] = now
                 continue
             held[key] = now
-            item: Item = (Poisoned(msg, rules.last_delivery(deliveries))
-                          if rules.is_last_delivery(deliveries) else msg)
-            self.backlog.append((ps, item))
+            if rules.is_last_delivery(deliveries):
+                # first in line: the dead letter must be written while deliveries are left
+                self.backlog.appendleft((ps, Poisoned(msg, rules.last_delivery(deliveries))))
+            else:
+                self.backlog.append((ps, msg))
         if again:
             self._m_redelivered.inc(again)
 

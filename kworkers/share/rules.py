@@ -13,8 +13,12 @@ docs/SHARE_GROUPS.md). So the rules keep every record inside its lock instead:
 - a record may only *start* while its lock still leaves a whole deadline and a margin after it;
   a record that cannot start in time is released (another member, or this one, takes it fresh);
 - the broker archives a record once it was delivered ``share.delivery.count.limit`` times, with
-  no trace. Deliveries are counted on acquisition, crashes included, so a record on its last
-  allowed delivery goes to the DLQ without running: one more crash would lose it.
+  no trace. Deliveries are counted on acquisition, crashes included, so a record near the limit
+  goes to the DLQ without running. The dead letter needs a delivery of its own, and the member
+  can die while writing it (a few milliseconds, but kills land anywhere), so the last *two*
+  deliveries are kept for it: a death during the first dead-letter write leaves one more
+  delivery to write it again. Only at the minimum limit (2) is there nothing to spare; then the
+  last delivery alone is kept.
 """
 
 from __future__ import annotations
@@ -37,15 +41,15 @@ MAX_CHUNK = 500
 
 
 class DeliveryLimitReached(NonRetryableError):
-    """A record on its last delivery before the broker would archive it silently."""
+    """A record near the delivery limit, where the broker would soon archive it silently."""
 
     def __init__(self, deliveries: int, limit: int) -> None:
         super().__init__(
             "DeliveryLimitReached",
             f"delivery {deliveries} of the share group's limit {limit} "
             "(share.delivery.count.limit): earlier deliveries ended without an acknowledgement "
-            "(a crash, a lost connection or an expired lock); dead-lettered instead of running "
-            "it once more and letting the broker archive it")
+            "(a crash, a stop, a lost connection or an expired lock); dead-lettered instead of "
+            "risking its last deliveries, after which the broker archives it")
         self.deliveries = deliveries
         self.limit = limit
 
@@ -83,8 +87,14 @@ class ShareRules:
         extend a lock the client cannot renew)."""
         return acquired_at + self.lock_s - self.margin_s
 
+    @property
+    def dead_letter_from(self) -> int:
+        """The first delivery that goes to the DLQ unrun: the limit minus one spare delivery
+        for a dead-letter write cut short (none to spare at the minimum limit, 2)."""
+        return self.delivery_limit - 1 if self.delivery_limit >= 3 else self.delivery_limit
+
     def is_last_delivery(self, deliveries: int) -> bool:
-        return deliveries >= self.delivery_limit
+        return deliveries >= self.dead_letter_from
 
     def last_delivery(self, deliveries: int) -> DeliveryLimitReached:
         return DeliveryLimitReached(deliveries, self.delivery_limit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kworkers import ConfigError, Message, WorkerConfig, is_non_retryable
@@ -39,12 +41,18 @@ def test_a_delivery_limit_below_two_is_refused() -> None:
         ShareRules.of(GroupSettings(30.0, 1, "latest", False), None)
 
 
-def test_the_last_delivery_is_the_limit_and_is_dead_lettered_as_non_retryable() -> None:
-    r = ShareRules.of(GROUP, None)
-    assert [r.is_last_delivery(n) for n in (1, 4, 5, 6)] == [False, False, True, True]
-    err = r.last_delivery(5)
+@pytest.mark.parametrize(("limit", "first_dlq"), [(2, 2), (3, 2), (5, 4), (10, 9)])
+def test_the_last_two_deliveries_are_kept_for_the_dead_letter(limit: int, first_dlq: int) -> None:
+    r = ShareRules.of(dataclasses.replace(GROUP, delivery_limit=limit), None)
+    assert r.dead_letter_from == first_dlq
+    assert [n for n in range(1, limit + 2) if r.is_last_delivery(n)] == list(
+        range(first_dlq, limit + 2))
+
+
+def test_a_dead_letter_at_the_limit_is_non_retryable_and_says_why() -> None:
+    err = ShareRules.of(GROUP, None).last_delivery(4)
     assert isinstance(err, DeliveryLimitReached) and is_non_retryable(err)
-    assert err.type == "DeliveryLimitReached" and "5 of the share group's limit 5" in str(err)
+    assert err.type == "DeliveryLimitReached" and "4 of the share group's limit 5" in str(err)
 
 
 @pytest.mark.parametrize(("mean", "backlog", "idle", "want"), [
