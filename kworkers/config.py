@@ -112,6 +112,10 @@ class WorkerConfig:
         if self.mode == "share" and self.ordering != "partition":
             raise ConfigError("ordering: a share group gives records of one key to any member, "
                               "so share mode has no order to keep; leave ordering unset")
+        if self.mode == "share" and self.execution != "threads":
+            raise ConfigError("execution: share mode runs handlers on its lanes, whose deadline "
+                              "keeps each record inside its acquisition lock; 'inline' is not "
+                              "supported with mode='share' yet")
         if self.group_protocol not in ("classic", "consumer"):
             raise ConfigError(
                 f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")

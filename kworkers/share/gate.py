@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kworkers.clock import Clock
-from kworkers.consumer.ports import Handler, Invoker
-from kworkers.message import Message
+from kworkers.consumer.ports import Handler, Invoker, Records
 from kworkers.share.ports import RecordKey
 from kworkers.share.rules import ShareRules
 
@@ -34,7 +33,9 @@ class LockGate:
         #: records refused here; the poll thread releases them (set.add is atomic)
         self.late: set[RecordKey] = set()
 
-    def __call__(self, handler: Handler, msg: Message) -> Any:
+    def __call__(self, handler: Handler, msg: Records) -> Any:
+        if isinstance(msg, list):  # batch handlers are refused in share mode (wiring)
+            return self.inner(handler, msg)
         key = (msg.topic, msg.partition, msg.offset)
         at = self.acquired.get(key)
         if at is not None and self.clock.monotonic() > self.rules.latest_start(at):

@@ -14,6 +14,7 @@ from kworkers.clock import Clock
 from kworkers.config import WorkerConfig
 from kworkers.consumer.ports import Invoker
 from kworkers.consumer.runner import Runner
+from kworkers.errors import ConfigError
 from kworkers.metrics import Metrics
 from kworkers.share.gate import LockGate
 from kworkers.share.ports import RecordKey, SharePort
@@ -50,5 +51,8 @@ def share_loop(config: WorkerConfig, port: SharePort, make_runner: MakeRunner, i
     held: dict[RecordKey, float] = {}
     gate = LockGate(invoke, rules, clock, held, is_async)
     runner = make_runner(rules.deadline_s, gate)
+    if runner.batch is not None:
+        raise ConfigError("batch handlers are not supported in share mode yet: a share group "
+                          "acknowledges record by record (use @worker.handler)")
     return ShareProcessor(config, port, config.topics, runner, gate, rules, metrics, clock,
                           supervisor)

@@ -379,3 +379,15 @@ def test_async_handlers_run_in_share_mode_too() -> None:
     assert {dc for _o, dc in seen} == {1}
     assert [(topic, v) for topic, v, _h in sender.sent] == [("t.retry.1s", b"5")]
     assert Counter(kind for _k, kind in model.acks) == {"accept": 120}
+
+
+def test_batch_handlers_are_refused_in_share_mode() -> None:
+    from kworkers import ConfigError
+
+    model = ModelShare(3)
+    w = Worker(TOPIC, "g", mode="share", sender=Sender(model),
+               consumer=lambda g: model if g == "g" else TierStub(g))
+    w.batch_handler(lambda msgs: None)
+    with pytest.raises(ConfigError, match="batch handlers are not supported in share mode"):
+        w.run(install_signals=False)
+    assert not model.acks

@@ -127,4 +127,6 @@ def test_mode_is_a_setting_and_share_mode_keeps_no_order() -> None:
         WorkerConfig(topics=("t",), group_id="g", mode="queue")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="share mode has no order"):
         WorkerConfig(topics=("t",), group_id="g", mode="share", ordering="key")
+    with pytest.raises(ConfigError, match="'inline' is not supported"):
+        WorkerConfig(topics=("t",), group_id="g", mode="share", execution="inline")
     assert from_env({"KWORKERS_MODE": "share"}) == {"mode": "share"}
