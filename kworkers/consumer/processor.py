@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from queue import Empty
 
 from kworkers.clock import Clock
 from kworkers.config import WorkerConfig
@@ -179,18 +178,8 @@ class Processor:
     # ------------------------------------------------------------------ completions
 
     def _apply_completions(self, block: float = 0.0) -> None:
-        q = self.runner.done
         parts = self.parts
-        first = True
-        while True:
-            try:
-                if first and block > 0:
-                    ps, offsets, retried, dead, elapsed = q.get(timeout=block)
-                else:
-                    ps, offsets, retried, dead, elapsed = q.get_nowait()
-            except Empty:
-                break
-            first = False
+        for ps, offsets, retried, dead, elapsed in self.runner.completions(block):
             n = len(offsets)
             if parts.get(ps.tp) is not ps:
                 if n:

@@ -15,8 +15,8 @@ ahead of a slow one.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Generator
-from queue import SimpleQueue
+from collections.abc import Callable, Generator, Iterator
+from queue import Empty, SimpleQueue
 from typing import Any, Protocol
 
 from kworkers.clock import Clock
@@ -177,6 +177,17 @@ class Runner:
 
     def hand_off(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
         return self.hand_offs.submit(ps, msg, exc)
+
+    def completions(self, block: float = 0.0) -> Iterator[Completion]:
+        """The completions reported so far, for the poll thread; with ``block`` it waits that
+        long for the first one (the loop's idle wait)."""
+        q = self.done
+        try:
+            yield q.get(timeout=block) if block > 0 else q.get_nowait()
+            while True:
+                yield q.get_nowait()
+        except Empty:
+            return
 
     def steps(self, lane: Lane, batch: list[Item], inc: int,
               timed_out: TimedOut | None) -> Steps:

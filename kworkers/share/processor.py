@@ -33,7 +33,6 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterable
-from queue import Empty
 
 from kworkers.clock import Clock
 from kworkers.config import MIN_STALL_BOUND_S, WorkerConfig
@@ -277,18 +276,8 @@ class ShareProcessor:
     # ------------------------------------------------------------------ acknowledgements
 
     def _apply_completions(self, block: float = 0.0) -> None:
-        q = self.runner.done
         held, late = self.held, self.gate.late
-        first = True
-        while True:
-            try:
-                if first and block > 0:
-                    ps, offsets, retried, dead, elapsed = q.get(timeout=block)
-                else:
-                    ps, offsets, retried, dead, elapsed = q.get_nowait()
-            except Empty:
-                break
-            first = False
+        for ps, offsets, retried, dead, elapsed in self.runner.completions(block):
             assert isinstance(ps, SharePartition)
             topic, partition = ps.tp
             released = fenced = 0
