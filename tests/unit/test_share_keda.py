@@ -64,6 +64,17 @@ def test_canary_summing_over_replicas_would_scale_on_its_own_output() -> None:
     assert -(-wrong // 100) == 30 != 10
 
 
+def test_canary_a_max_over_replicas_scales_on_a_stale_view() -> None:
+    """Why min, not max: each replica's figure is an upper bound (log end minus what *it*
+    acquired), and one that stopped fetching a partition keeps reporting a figure that grows
+    with the log end. Two replicas drained p0 (the truth is 0); the third fetched from p0 long
+    ago and reports 5000 for it: min answers 0 and keeps one replica, max would ask for 50."""
+    stale = samples(("a", 0, 0), ("b", 0, 0), ("c", 0, 5000))
+    assert desired_share_replicas(PER_REPLICA, stale, 3, 1, 200).replicas == 1
+    worst = max(s.backlog for s in stale)
+    assert -(-worst // 100) == 50 != 1
+
+
 def test_bounds_activation_and_tolerance() -> None:
     got = samples(("a", 0, 50))
     # below threshold but active: the floor of one replica
