@@ -14,6 +14,9 @@ Faults: ``--crash-key KEY`` SIGKILLs the process before the effect on *every* de
 Failures: ``--flaky-every N`` fails the first attempt of every N-th record (retryable),
 ``--poison-every M`` fails every M-th record for good (non-retryable).
 
+``--metrics`` serves the worker's metrics (the share backlog gauge among them) on a free
+loopback port and prints it.
+
 Canaries (deliberately broken, each caught by a check in the suite):
 ``--canary accept-early`` returns from the handler before the effect (the effect runs on a
 thread afterwards), so a kill in between loses it; ``--canary no-last-delivery`` disables the
@@ -36,6 +39,7 @@ from typing import Any
 from kworkers import Message, NonRetryableError, RetryableError, RetryPolicy, TierLadder, Worker
 from kworkers.activity import ActivityInvoker
 from kworkers.idempotency import TransactionalStore, open_store
+from kworkers.metrics import MetricsServer
 from kworkers.share import delivery_count
 from kworkers.testing.instruments import KillPoint, RecordingInvoker, message_key
 from kworkers.testing.ledger import Ledger
@@ -56,6 +60,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--flaky-every", type=int, default=0)
     ap.add_argument("--poison-every", type=int, default=0)
     ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "no-receiver"])
+    ap.add_argument("--metrics", action="store_true",
+                    help="serve /metrics on a free loopback port, printed as 'metrics port N'")
     return ap.parse_args(argv)
 
 
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(
         topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
         mode="share", concurrency=args.concurrency, invoke=invoker, drain_timeout=20.0,
+        # the retry tiers' group: KIP-848, so processes starting one after another do not hold
+        # the tier records behind classic rebalances (a revoke commit there waited 25 s)
+        group_protocol="consumer",
         retry=RetryPolicy(initial=0.2, backoff=2.0, max_interval=1.0, max_attempts=3),
         tiers=TierLadder((0.25, 0.5)),
     )
@@ -114,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             k.at("after-effect", key)
 
     worker.create_topics()  # idempotent; several workers may race to it
+    if args.metrics:
+        server = MetricsServer(worker.metrics, 0, host="127.0.0.1").start()
+        print(f"metrics port {server.port}", flush=True)
     print("worker ready", flush=True)
     worker.run()
     for t in later:
