@@ -82,13 +82,30 @@ def source_topic_of(name: str) -> str:
     return m["source"] if m else name
 
 
+def is_legal_topic(name: str) -> bool:
+    return len(name) <= MAX_TOPIC and _LEGAL_TOPIC.fullmatch(name) is not None
+
+
+def dlq_source(name: str) -> str | None:
+    """The source topic whose DLQ ``name`` is (``<source>.dlq``); None for any other name.
+
+    Strict where ``source_topic_of`` is lenient: the source must be a legal topic name that is
+    not itself a tier or a DLQ, because it is where a redrive writes by default.
+    """
+    m = _DLQ_NAME.match(name)
+    if m is None or not is_legal_topic(name):
+        return None
+    source = m["source"]
+    return None if is_derived(source) else source
+
+
 def check_source_topic(topic: str, longest_suffix: int) -> None:
     """A legal topic name whose derived names (``longest_suffix`` more characters) fit.
 
     Fails at configuration, not at the first failure in production when the produce is refused.
     """
     if not _LEGAL_TOPIC.fullmatch(topic):
-        raise ConfigError(f"not a legal Kafka topic name: {topic!r}")
+        raise ConfigError(f"not a legal Kafka topic name: {topic[:MAX_TOPIC]!r}")
     if len(topic) + longest_suffix > MAX_TOPIC:
         raise ConfigError(
             f"topic {topic[:64]!r}... is too long: its retry topics would exceed {MAX_TOPIC} chars"

@@ -42,6 +42,7 @@ from kworkers.retry_tiers.handoff import HandOffStep, SendErrorKind, all_transie
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
 from kworkers.retry_tiers.producer import KafkaSender, classify_send_error
 from kworkers.retry_tiers.router import FailureRouter, Sender
+from kworkers.retry_tiers.tier_record import TierRules
 from kworkers.supervision import Fault, Supervisor
 from kworkers.topic_plan import plan_topics, specs
 
@@ -370,8 +371,9 @@ class Worker:
                         commit_timeout=cfg.commit.timeout_s))
         gate = None
         if tiers:
-            max_ahead = max(cfg.tiers.delays) * 2 + cfg.retry.normalized().max_interval
-            gate = TierGate(cfg.delay_buffer, cfg.consume_batch, max_ahead,
+            # the rules every router of this worker checks tier records by, too
+            rules = TierRules.of(cfg.retry, cfg.tiers, cfg.group_id)
+            gate = TierGate(cfg.delay_buffer, cfg.consume_batch, rules,
                             self.metrics.retry_lateness.labels(consumer.group), self.clock)
         return Processor(cfg, consumer, topics,
                          runner(consumer.group, cfg.message_timeout, self._invoke),

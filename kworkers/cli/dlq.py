@@ -101,7 +101,8 @@ def _when(value: str | None, name: str) -> float | None:
 @dlq.command("redrive")
 @_dlq_option
 @click.option("--to", "target", default=None, metavar="TOPIC",
-              help="Replay to this topic (default: each dead letter's original topic).")
+              help="Replay to this topic (default: the source topic the DLQ belongs to; dead "
+                   "letters whose recorded origin disagrees are then refused).")
 @click.option("--error-type", default=None, help="Only dead letters with this error type.")
 @click.option("--key", default=None, help="Only dead letters with this key (UTF-8).")
 @click.option("--since", default=None, metavar="ISO", help="Dead-lettered at or after.")
@@ -124,6 +125,10 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
     Replayed dead letters are recorded in the compacted topic <dlq>.redriven, in the same
     Kafka transaction as the replay, so running a redrive twice, or again after a crash,
     never replays a dead letter twice. Ends with `redriven=N skipped_already=M selected=S`.
+
+    Replays go to the source topic the DLQ is named after (<source>.dlq), never where a dead
+    letter's headers point: one whose recorded origin is another topic is refused with the
+    reason (exit status 1) unless --to names the target.
     """
     from kworkers.dlq.redrive import BATCH_SIZE
     from kworkers.dlq.redrive import redrive as do_redrive
@@ -152,5 +157,7 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
             out.print(f"{verb} {n} to {topic}", markup=False)
     if summary.unreadable:
         out.print(f"left {summary.unreadable} records that are not kworkers dead letters")
+    for where, why in summary.refused:
+        out.print(f"refused {where}: {why}", markup=False)
     click.echo(summary.line())
-    return 0
+    return 1 if summary.refused else 0

@@ -2,8 +2,13 @@
 
 Only the retry loop has a gate: it reads tier topics ahead into a bounded ``DelayBuffer`` and
 releases each record when its ``kw-due-at`` passes, so records with different due times in one
-tier complete out of order instead of blocking behind the head. A record whose kworkers headers
-do not parse is released at once as ``Poisoned`` (dead-lettered with the reason).
+tier complete out of order instead of blocking behind the head.
+
+Tier records are checked before anything is believed (``retry_tiers.tier_record``): a record
+whose kworkers headers are corrupt, out of bounds or name another origin is released at once as
+``Poisoned`` (dead-lettered to its own source's DLQ with the reason); another consumer group's
+retry (tier topics are shared by every group on a source) is completed without running, since
+that group runs it.
 
 The heap's bound: backpressure pauses every tier partition at the end of the poll step in which
 the heap reached ``capacity``, and a paused partition returns no records, so the heap holds at
@@ -23,7 +28,8 @@ from kworkers.consumer.partition import Item, PartitionState, Poisoned
 from kworkers.consumer.ports import TP
 from kworkers.message import Message
 from kworkers.retry_tiers.delay import DelayBuffer
-from kworkers.retry_tiers.headers import HeaderError, attempt_of, check_due, due_at_of
+from kworkers.retry_tiers.headers import due_at_of
+from kworkers.retry_tiers.tier_record import TierRules, check_tier_record
 
 log = logging.getLogger("kworkers.consumer")
 
@@ -35,14 +41,14 @@ class LatenessSink(Protocol):
 
 
 class TierGate:
-    def __init__(self, capacity: int, overshoot: int, max_ahead: float, lateness: LatenessSink,
+    def __init__(self, capacity: int, overshoot: int, rules: TierRules, lateness: LatenessSink,
                  clock: Clock) -> None:
         #: where backpressure pauses the tier partitions
         self.capacity = capacity
         self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(
             capacity + overshoot)
-        #: a due time further ahead than this is corrupt (no tier waits that long)
-        self.max_ahead = max_ahead
+        #: what a tier record must satisfy to run (the router's own ``rules``)
+        self.rules = rules
         self.lateness = lateness
         self.clock = clock
 
@@ -50,18 +56,24 @@ class TierGate:
         return len(self.buffer)
 
     def admit(self, ps: PartitionState, m: Message, now: float) -> Item | None:
-        """The item to run now, or None when ``m`` waits in the heap until due."""
+        """The item to run now, or None when ``m`` waits in the heap until due (or is another
+        group's, completed here on the poll thread, which owns the offset tracker)."""
         try:
-            m = m._replace(attempt=attempt_of(m.headers))
-            due = due_at_of(m.headers)
-            if due is not None:
-                check_due(due, now, self.max_ahead)
-        except HeaderError as exc:
-            # DEBUG: a flood of corrupt records must not flood the log (the hand-off step
-            # summarises what it dead-letters, with the error type, per interval)
+            info = check_tier_record(m, self.rules, now)
+        except Exception as exc:  # HeaderError, or anything a check did not foresee: never
+            # crash the loop over one record; it goes to its own DLQ with the reason. DEBUG: a
+            # flood of corrupt records must not flood the log (the hand-off step summarises
+            # what it dead-letters, with the error type, per interval)
             log.debug("%s/%d@%d has corrupt kworkers headers (%s): dead-lettering it",
                       m.topic, m.partition, m.offset, exc)
             return Poisoned(m, exc)
+        if info is None:
+            log.debug("%s/%d@%d is another group's retry: skipped", m.topic, m.partition,
+                      m.offset)
+            ps.tracker.complete(m.offset)
+            return None
+        m = m._replace(attempt=info.attempt)
+        due = info.due_at
         if due is not None and due > now:
             self.buffer.push(due, (ps, m))
             return None

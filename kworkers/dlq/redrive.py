@@ -32,14 +32,13 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kworkers.admin import TopicSpec, create_topics
-from kworkers.dlq.reader import DlqContents, read_dlq
-from kworkers.dlq.record import DeadLetter
-from kworkers.dlq.redrive_plan import RedriveFilter
+from kworkers.dlq.reader import read_dlq
+from kworkers.dlq.redrive_plan import RedriveFilter, Replay, check_target, ledger_key, plan
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka import clients
 from kworkers.kafka.reader import scan
@@ -63,11 +62,6 @@ class RedriveError(KworkersError):
     """The redrive stopped: a transaction failed for good (fenced, or the broker refused)."""
 
 
-def ledger_key(d: DeadLetter) -> str:
-    """A dead letter's identity: where it sits in the DLQ, which never changes."""
-    return f"{d.dlq_topic}/{d.dlq_partition}/{d.dlq_offset}"
-
-
 def transactional_id(dlq: str) -> str:
     return f"kworkers-redrive-{dlq}"
 
@@ -75,8 +69,10 @@ def transactional_id(dlq: str) -> str:
 @dataclass(frozen=True)
 class RedriveSummary:
     """What a redrive did. ``selected`` = matched the filter; of those, ``skipped_already``
-    were in the ledger and ``redriven`` were replayed now (or would be, in a dry run:
-    ``pending``). ``unreadable`` DLQ records are not kworkers dead letters and were left."""
+    were in the ledger, ``refused`` (ledger key, reason) have no trustworthy default target
+    (see ``redrive_plan.redrive_target``) and ``redriven`` were replayed now (or would be, in a
+    dry run: ``pending``). ``unreadable`` DLQ records are not kworkers dead letters and were
+    left."""
 
     dlq: str
     selected: int
@@ -86,47 +82,18 @@ class RedriveSummary:
     dry_run: bool
     unreadable: int = 0
     targets: dict[str, int] = field(default_factory=dict)
+    refused: tuple[tuple[str, str], ...] = ()
 
     def line(self) -> str:
-        """The summary line the CLI ends with (stable: scripts parse it)."""
+        """The summary line the CLI ends with (stable: scripts parse it; ``refused=N`` only
+        when some were)."""
         text = (f"redriven={self.redriven} skipped_already={self.skipped_already} "
                 f"selected={self.selected}")
+        if self.refused:
+            text += f" refused={len(self.refused)}"
         if self.dry_run:
             text += f" would_redrive={self.pending} (dry run: nothing was produced)"
         return text
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One dead letter and where its replay goes (partition None: by the key)."""
-
-    dead: DeadLetter
-    topic: str
-    partition: int | None
-
-
-def plan(
-    contents: DlqContents,
-    flt: RedriveFilter,
-    done: set[str],
-    target: str | None,
-    partitions: dict[str, int],
-) -> tuple[list[DeadLetter], list[Replay]]:
-    """(selected, to replay): pure, given the DLQ, the ledger and the topics that exist."""
-    selected = [d for d in contents.dead_letters if flt.matches(d)]
-    todo: list[Replay] = []
-    for d in selected:
-        if ledger_key(d) in done:
-            continue
-        topic = target or d.original_topic
-        n = partitions.get(topic)
-        if n is None:
-            raise ConfigError(
-                f"redrive target topic {topic!r} does not exist (dead letter "
-                f"{ledger_key(d)}); create it or pass --to")
-        same = topic == d.original_topic and d.original_partition < n
-        todo.append(Replay(d, topic, d.original_partition if same else None))
-    return selected, todo
 
 
 def read_ledger(client: ClientSettings | str, dlq: str) -> set[str]:
@@ -151,7 +118,8 @@ def redrive(
 ) -> RedriveSummary:
     """Replay the dead letters of ``dlq`` that ``filter`` selects and no redrive replayed yet.
 
-    ``target``: the topic to replay to (default: each dead letter's original topic).
+    ``target``: the topic to replay to (default: the source ``dlq`` is the DLQ of; a dead letter
+    whose recorded origin disagrees is then refused, see ``redrive_plan.redrive_target``).
     ``rate``: at most this many replays per second. ``crash_after`` (tests only; also read
     from ``KWORKERS_REDRIVE_CRASH_AFTER``): exit the process with status 3 after producing
     that many replays inside an open transaction, to prove a crash is harmless.
@@ -161,6 +129,8 @@ def redrive(
         raise ConfigError(f"rate must be > 0, got {rate}")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if target is not None:
+        check_target(target)
     if crash_after is None and os.environ.get(CRASH_AFTER_ENV):
         crash_after = int(os.environ[CRASH_AFTER_ENV])
     settings = as_client(client)
@@ -189,20 +159,21 @@ def redrive(
 
     contents = read_dlq(settings, dlq)
     done = read_ledger(settings, dlq)
-    selected, todo = plan(contents, flt, done, target, have)
-    skipped = len(selected) - len(todo)
+    p = plan(dlq, contents.dead_letters, flt, done, target, have)
+    todo = p.todo
     if progress is not None:
         progress(0, len(todo))
-    targets = Counter(r.topic for r in todo)
+    refused = tuple((ledger_key(r.dead), r.reason) for r in p.refused)
+    summary = RedriveSummary(dlq, len(p.selected), 0, p.skipped_already, len(todo), dry_run,
+                             len(contents.unreadable), dict(Counter(r.topic for r in todo)),
+                             refused)
     if dry_run or not todo:
-        return RedriveSummary(dlq, len(selected), 0, skipped, len(todo), dry_run,
-                              len(contents.unreadable), dict(targets))
+        return summary
 
     assert producer is not None
     size = batch_size if rate is None else max(1, min(batch_size, int(rate)))
     sent = _replay(producer, dlq, todo, size, rate, progress, crash_after)
-    return RedriveSummary(dlq, len(selected), sent, skipped, 0, False,
-                          len(contents.unreadable), dict(targets))
+    return replace(summary, redriven=sent, pending=0)
 
 
 def _replay(producer: Producer, dlq: str, todo: Sequence[Replay], size: int,

@@ -1,15 +1,30 @@
-"""Which dead letters a redrive replays: a pure predicate, so the tool's choice is testable.
+"""What a redrive replays, and where: pure, so the CLI, a console and tests share one answer.
 
 An operator fixes a bug or waits out an outage, then redrives the dead letters it caused,
-typically one error type over one time window; this filter is that selection.
+typically one error type over one time window; ``RedriveFilter`` is that selection.
+
+Where a replay goes is decided by the DLQ's name, never by a dead letter's headers: the DLQ
+``<source>.dlq`` replays to ``<source>`` (``redrive_target``). A dead letter's recorded origin
+(``kw-original-topic``) is a claim written by whoever produced the record; one that disagrees
+with the DLQ's source (it names another pipeline's topic, or an illegal name) is refused with a
+reason, unless the operator names the target explicitly. Otherwise write access to one DLQ
+would be write access to every topic a redrive can reach.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from kworkers.dlq.record import DeadLetter
 from kworkers.errors import ConfigError
+from kworkers.topic_names import (
+    dlq_source,
+    is_derived,
+    is_legal_topic,
+    is_tier_topic,
+    source_topic_of,
+)
 
 
 @dataclass(frozen=True)
@@ -54,3 +69,96 @@ class RedriveFilter:
             and (self.min_offset is None or d.dlq_offset >= self.min_offset)
             and (self.max_offset is None or d.dlq_offset <= self.max_offset)
         )
+
+
+def ledger_key(d: DeadLetter) -> str:
+    """A dead letter's identity: where it sits in the DLQ, which never changes."""
+    return f"{d.dlq_topic}/{d.dlq_partition}/{d.dlq_offset}"
+
+
+def check_target(to: str) -> str:
+    """An operator's explicit target: a legal topic name that is not a retry tier or a DLQ
+    (a replay there would be read as a forged retry, or loop back into a DLQ)."""
+    if not is_legal_topic(to):
+        raise ConfigError(f"redrive target {to[:80]!r} is not a legal topic name")
+    if is_derived(to):
+        raise ConfigError(f"redrive target {to!r} is a retry tier or a DLQ; name a source topic")
+    return to
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A dead letter the redrive will not replay, and why."""
+
+    dead: DeadLetter
+    reason: str
+
+
+def redrive_target(dlq: str, d: DeadLetter, to: str | None = None) -> str | Refused:
+    """Where ``d`` (read from ``dlq``) is replayed: ``to`` when the operator named it (checked
+    once by ``check_target``), else the source topic ``dlq`` is the DLQ of, if ``d``'s recorded
+    origin agrees (it is that source or one of its tiers)."""
+    if to is not None:
+        return to
+    source = dlq_source(dlq)
+    if source is None:
+        return Refused(d, f"{dlq!r} is not named <source>.dlq, so it has no default target; "
+                          "name one with --to")
+    recorded = d.original_topic
+    ours = recorded == source or (is_tier_topic(recorded) and source_topic_of(recorded) == source)
+    if not ours:
+        return Refused(d, f"its recorded origin {recorded[:80]!r} is not {source!r} (the "
+                          f"source of {dlq!r}); replay it only by naming the target with --to")
+    return source
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One dead letter and where its replay goes (partition None: by the key)."""
+
+    dead: DeadLetter
+    topic: str
+    partition: int | None
+
+
+@dataclass(frozen=True)
+class RedrivePlan:
+    """``selected`` matched the filter; of those, ``todo`` are replayed, ``refused`` are not
+    (with the reason), and the rest were replayed by an earlier run (in the ledger)."""
+
+    selected: list[DeadLetter]
+    todo: list[Replay]
+    refused: list[Refused] = field(default_factory=list)
+
+    @property
+    def skipped_already(self) -> int:
+        return len(self.selected) - len(self.todo) - len(self.refused)
+
+
+def plan(dlq: str, dead_letters: Collection[DeadLetter], flt: RedriveFilter,
+         done: Collection[str], to: str | None, partitions: Mapping[str, int]) -> RedrivePlan:
+    """The whole redrive, given the DLQ's dead letters, the ledger (``done``: ledger keys
+    already replayed), the operator's ``to`` and the topics that exist (name -> partitions).
+
+    ``ConfigError`` when ``to`` is not a topic a replay may go to, or a target does not exist.
+    """
+    if to is not None:
+        check_target(to)
+    selected = [d for d in dead_letters if flt.matches(d)]
+    todo: list[Replay] = []
+    refused: list[Refused] = []
+    for d in selected:
+        if ledger_key(d) in done:
+            continue
+        target = redrive_target(dlq, d, to)
+        if isinstance(target, Refused):
+            refused.append(target)
+            continue
+        n = partitions.get(target)
+        if n is None:
+            raise ConfigError(
+                f"redrive target topic {target!r} does not exist (dead letter "
+                f"{ledger_key(d)}); create it or pass --to")
+        same = target == d.original_topic and d.original_partition < n
+        todo.append(Replay(d, target, d.original_partition if same else None))
+    return RedrivePlan(selected, todo, refused)

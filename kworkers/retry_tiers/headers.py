@@ -23,6 +23,7 @@ from typing import TypeVar
 from kworkers.errors import DecodeError
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers.routing import DeadLetterDecision, RetryDecision
+from kworkers.topic_names import is_legal_topic, is_tier_topic, source_topic_of
 
 ATTEMPT = "kw-attempt"
 ORIGINAL_TOPIC = "kw-original-topic"
@@ -62,11 +63,16 @@ OWN_PREFIXES = ("kafka_dlt-",)
 def is_own(name: str) -> bool:
     return name in OWN_HEADERS or name.startswith(OWN_PREFIXES)
 
-#: Any single header value we write is cut to this many bytes (at a UTF-8 boundary).
+#: Any single header value we write is cut to this many bytes (at a UTF-8 boundary), and one
+#: we read that is longer is refused: none of ours ever is, so it was written by someone else.
 MAX_HEADER_VALUE = 4096
+#: Times we read are epoch milliseconds in [0, the last millisecond of year 9999]: beyond it no
+#: calendar can print them, and before it no kworkers clock wrote them.
+MAX_TIME_MS = 253_402_300_799_999
 
 _SHOWN_VALUE = 64
 _INT = re.compile(rb"-?[0-9]{1,19}")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _T = TypeVar("_T")
 
 _NO_TIMESTAMP = -1  # what Kafka (and so Spring) reports for a record without a timestamp
@@ -121,24 +127,36 @@ def last_value(headers: Headers, name: str) -> bytes | None:
     return None
 
 
-def _int(headers: Headers, name: str, *, minimum: int | None = None) -> int | None:
-    raw = last_value(headers, name)
-    if raw is None:
-        return None
+def _parse_int(name: str, raw: bytes, minimum: int | None = None,
+               maximum: int | None = None) -> int:
     # A strict pattern, not int(): int() would accept " 2", "+2" and "1_0", which no writer of
-    # ours produces, and a 19-digit bound keeps the value an int64 like Kafka's own fields.
+    # ours produces; the int64 range is Kafka's own for offsets and timestamps, so a value
+    # beyond it (9223372036854775808) is refused here instead of surfacing as a number later.
     if not _INT.fullmatch(raw):
         raise HeaderError(name, "expected a decimal integer", raw)
     n = int(raw)
+    if not _INT64_MIN <= n <= _INT64_MAX:
+        raise HeaderError(name, "beyond the 64-bit range", raw)
     if minimum is not None and n < minimum:
         raise HeaderError(name, f"expected an integer >= {minimum}", raw)
+    if maximum is not None and n > maximum:
+        raise HeaderError(name, f"expected an integer <= {maximum}", raw)
     return n
 
 
-def _text(headers: Headers, name: str) -> str | None:
+def _int(headers: Headers, name: str, *, minimum: int | None = None,
+         maximum: int | None = None) -> int | None:
+    raw = last_value(headers, name)
+    return None if raw is None else _parse_int(name, raw, minimum, maximum)
+
+
+def text_of(headers: Headers, name: str) -> str | None:
+    """The last value of ``name`` as text; ``HeaderError`` when too long or not UTF-8."""
     raw = last_value(headers, name)
     if raw is None:
         return None
+    if len(raw) > MAX_HEADER_VALUE:
+        raise HeaderError(name, f"longer than {MAX_HEADER_VALUE} bytes ({len(raw)})", raw)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -146,7 +164,7 @@ def _text(headers: Headers, name: str) -> str | None:
 
 
 def _time(headers: Headers, name: str) -> float | None:
-    ms = _int(headers, name)
+    ms = _int(headers, name, minimum=0, maximum=MAX_TIME_MS)
     return None if ms is None else ms / 1000
 
 
@@ -161,9 +179,7 @@ def attempt_of(headers: Headers) -> int:
     raw = last_value(headers, ATTEMPT)
     if raw is None:
         return 1
-    if not _INT.fullmatch(raw) or int(raw) < 1:
-        raise HeaderError(ATTEMPT, "expected a positive integer", raw)
-    return int(raw)
+    return _parse_int(ATTEMPT, raw, minimum=1)
 
 
 def due_at_of(headers: Headers) -> float | None:
@@ -178,11 +194,12 @@ def dead_lettered_at_of(headers: Headers) -> float | None:
 
 def dlq_reason_of(headers: Headers) -> str | None:
     """Why a DLQ record was dead-lettered (``exhausted``, ``non_retryable``); None when absent."""
-    return _text(headers, DLQ_REASON)
+    return text_of(headers, DLQ_REASON)
 
 
 def check_due(due_at: float, now: float, max_ahead: float) -> float:
-    """``due_at`` if it is plausible; a past (or negative) due time just means "due now".
+    """``due_at`` if it is plausible; a past due time just means "due now" (a negative one
+    never parses: see ``due_at_of``).
 
     A due time further ahead than any tier's delay (plus slack, the caller's ``max_ahead``)
     is a bug or a forged header: it would park the record in the timer heap for good, so it
@@ -199,21 +216,23 @@ def check_due(due_at: float, now: float, max_ahead: float) -> float:
 
 def failure_of(headers: Headers) -> FailureInfo | None:
     """The failure a retry or DLQ record carries; None for a record that never failed."""
-    topic = _text(headers, ORIGINAL_TOPIC)
+    topic = text_of(headers, ORIGINAL_TOPIC)
     if topic is None:
         return None
+    if not is_legal_topic(topic):  # we only ever write a topic we read from
+        raise HeaderError(ORIGINAL_TOPIC, "not a legal topic name", topic.encode())
     _need(last_value(headers, ATTEMPT), ATTEMPT)  # absent means 1 elsewhere, not here
     return FailureInfo(
         original_topic=topic,
         original_partition=_need(_int(headers, ORIGINAL_PARTITION, minimum=0), ORIGINAL_PARTITION),
         original_offset=_need(_int(headers, ORIGINAL_OFFSET, minimum=0), ORIGINAL_OFFSET),
-        original_timestamp_ms=_int(headers, ORIGINAL_TIMESTAMP),
-        group=_need(_text(headers, GROUP), GROUP),
+        original_timestamp_ms=_int(headers, ORIGINAL_TIMESTAMP, minimum=0),
+        group=_need(text_of(headers, GROUP), GROUP),
         attempt=attempt_of(headers),
         first_failure_at=_need(_time(headers, FIRST_FAILURE_AT), FIRST_FAILURE_AT),
         last_failure_at=_need(_time(headers, LAST_FAILURE_AT), LAST_FAILURE_AT),
-        error_type=_need(_text(headers, ERROR_TYPE), ERROR_TYPE),
-        error_message=_need(_text(headers, ERROR_MESSAGE), ERROR_MESSAGE),
+        error_type=_need(text_of(headers, ERROR_TYPE), ERROR_TYPE),
+        error_message=_need(text_of(headers, ERROR_MESSAGE), ERROR_MESSAGE),
         due_at=due_at_of(headers),
     )
 
@@ -254,12 +273,23 @@ class _Origin:
 
 
 def _origin(msg: Message) -> _Origin:
-    try:
-        info = failure_of(msg.headers)
-    except HeaderError:
-        # The record is on its way to the DLQ because of these very headers (HeaderError is
-        # non-retryable); refusing to write its DLQ headers would wedge the partition.
-        info = None
+    """Where the failure began: the record itself, unless it was read from a retry tier whose
+    headers name that tier's own source (then the first record's coordinates carry over).
+
+    Headers never name an origin outside the topic the record was consumed from: a source
+    record's kw-* headers are ignored (anyone who can write to a topic can write them), and a
+    tier record whose headers do not parse or name another topic describes itself.
+    """
+    info = None
+    if is_tier_topic(msg.topic):
+        try:
+            info = failure_of(msg.headers)
+        except HeaderError:
+            # The record is on its way to the DLQ because of these very headers (HeaderError
+            # is non-retryable); refusing to write its DLQ headers would wedge the partition.
+            info = None
+        if info is not None and info.original_topic != source_topic_of(msg.topic):
+            info = None
     if info is None:
         return _Origin(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, None)
     return _Origin(

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from kworkers.errors import ConfigError
 from kworkers.topic_names import (
     DLQ_SUFFIX,
+    MAX_TOPIC,
     TIER_INFIX,
     check_source_topic,
     dlq_topic,
+    is_derived,
     tier_label,
     tier_topic,
     whole_ms,
@@ -76,6 +78,27 @@ class TierLadder:
         """
         i = bisect.bisect_right(self.delays, delay) - 1
         return self.tiers(topic)[max(i, 0)]
+
+    def source_of(self, consumed: str) -> str:
+        """The source topic whose pipeline ``consumed`` belongs to on this ladder: the topic
+        itself for a source, the source of one of its tiers; ``ConfigError`` for anything else
+        (a DLQ, a tier of another ladder, an illegal name).
+
+        What decides where a failed record goes: the topic it was read from, read through the
+        worker's own configuration, never a header a producer wrote.
+        """
+        if not is_derived(consumed):
+            check_source_topic(consumed, longest_suffix=self._longest_suffix())
+            return consumed
+        source = source_topic_of(consumed)
+        if (source != consumed and not is_derived(source)
+                and any(t.topic == consumed for t in self.tiers(source))):
+            return source
+        raise ConfigError(f"{consumed[:MAX_TOPIC]!r} is neither a source topic nor one of its "
+                          f"retry tiers on the ladder {self.labels()}")
+
+    def labels(self) -> tuple[str, ...]:
+        return tuple(tier_label(d) for d in self.delays)
 
     def dlq_topic(self, topic: str) -> str:
         check_source_topic(topic, longest_suffix=len(DLQ_SUFFIX))

@@ -9,8 +9,8 @@ import pytest
 
 from kworkers.cli.dlq_format import age_text, as_json, bytes_text, header_text, iso, show_lines
 from kworkers.dlq import DeadLetter, RedriveFilter
-from kworkers.dlq.reader import DlqContents
-from kworkers.dlq.redrive import RedriveSummary, ledger_key, plan
+from kworkers.dlq.redrive import RedriveSummary
+from kworkers.dlq.redrive_plan import ledger_key, plan
 from kworkers.envelope import ActivityTask, SingleObjectCodec
 from kworkers.errors import ConfigError
 from kworkers.message import Message
@@ -85,23 +85,24 @@ def _dead(offset: int, **kw: object) -> DeadLetter:
 
 
 def test_redrive_plan_skips_the_ledger_and_keeps_the_original_partition() -> None:
-    contents = DlqContents("orders.dlq", [_dead(1), _dead(2, error_type="BadSpec"), _dead(3),
-                                          _dead(4, original_partition=9)])
+    contents = [_dead(1), _dead(2, error_type="BadSpec"), _dead(3),
+                _dead(4, original_partition=9)]
     done = {ledger_key(_dead(3))}
-    selected, todo = plan(contents, RedriveFilter(error_type="Timeout"), done, None,
-                          {"orders": 6, "orders.dlq": 6})
-    assert [d.dlq_offset for d in selected] == [1, 3, 4]
-    assert [(r.dead.dlq_offset, r.topic, r.partition) for r in todo] == [
+    p = plan("orders.dlq", contents, RedriveFilter(error_type="Timeout"), done, None,
+             {"orders": 6, "orders.dlq": 6})
+    assert [d.dlq_offset for d in p.selected] == [1, 3, 4]
+    assert [(r.dead.dlq_offset, r.topic, r.partition) for r in p.todo] == [
         (1, "orders", 2),
         (4, "orders", None),  # the topic has fewer partitions now: by key instead
     ]
-    _, to_other = plan(contents, RedriveFilter(), set(), "audit", {"audit": 1})
-    assert {(r.topic, r.partition) for r in to_other} == {("audit", None)}
+    assert p.skipped_already == 1 and p.refused == []
+    to_other = plan("orders.dlq", contents, RedriveFilter(), set(), "audit", {"audit": 1})
+    assert {(r.topic, r.partition) for r in to_other.todo} == {("audit", None)}
 
 
 def test_redrive_plan_refuses_a_missing_target() -> None:
     with pytest.raises(ConfigError, match="target topic 'orders' does not exist"):
-        plan(DlqContents("orders.dlq", [DEAD]), RedriveFilter(), set(), None, {})
+        plan("orders.dlq", [DEAD], RedriveFilter(), set(), None, {})
 
 
 def test_names_and_summary_line() -> None:

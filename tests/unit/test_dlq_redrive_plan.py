@@ -1,4 +1,4 @@
-"""RedriveFilter: which dead letters an operator's redrive selects."""
+"""Redrive planning: which dead letters an operator's redrive selects, and where they go."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from kworkers.dlq import DeadLetter, RedriveFilter
+from kworkers.dlq.redrive_plan import Refused, check_target, ledger_key, plan, redrive_target
 from kworkers.errors import ConfigError
 
 BASE = DeadLetter(
@@ -83,3 +84,56 @@ def test_criteria_combine_with_and() -> None:
 def test_impossible_filters_are_config_errors(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         RedriveFilter(**kwargs)  # type: ignore[arg-type]
+
+
+# --- where a replay goes: the DLQ's name decides, never a dead letter's headers -------------
+
+
+@pytest.mark.parametrize("origin", ["orders", "orders.retry.5s", "orders.retry.500ms"])
+def test_the_default_target_is_the_dlqs_source(origin: str) -> None:
+    d = dataclasses.replace(BASE, original_topic=origin)
+    assert redrive_target("orders.dlq", d) == "orders"
+
+
+@pytest.mark.parametrize("origin", ["victim", "bad topic!", "victim.retry.5s", "orders.dlq",
+                                    "orders-2", "x" * 400])
+def test_a_disagreeing_origin_is_refused_with_a_reason(origin: str) -> None:
+    d = dataclasses.replace(BASE, original_topic=origin)
+    refused = redrive_target("orders.dlq", d)
+    assert isinstance(refused, Refused) and refused.dead == d
+    assert "recorded origin" in refused.reason and "--to" in refused.reason
+    assert len(refused.reason) < 300
+    assert redrive_target("orders.dlq", d, to="audit") == "audit"  # the operator's choice
+
+
+@pytest.mark.parametrize("dlq", ["orders", "orders.retry.5s.dlq", "weird"])
+def test_a_dlq_not_named_after_a_source_has_no_default_target(dlq: str) -> None:
+    refused = redrive_target(dlq, BASE)
+    assert isinstance(refused, Refused) and "--to" in refused.reason
+
+
+@pytest.mark.parametrize("to", ["orders.retry.5s", "orders.dlq", "bad topic!", ""])
+def test_an_explicit_target_must_be_a_source_topic(to: str) -> None:
+    with pytest.raises(ConfigError):
+        check_target(to)
+    with pytest.raises(ConfigError):
+        plan("orders.dlq", [BASE], RedriveFilter(), set(), to, {to: 1})
+
+
+def test_the_plan_replays_what_agrees_and_refuses_the_rest() -> None:
+    forged = dataclasses.replace(BASE, dlq_offset=101, original_topic="victim")
+    tier = dataclasses.replace(BASE, dlq_offset=102, original_topic="orders.retry.1s",
+                               original_partition=4)
+    done = dataclasses.replace(BASE, dlq_offset=103, original_topic="victim")  # in the ledger
+    p = plan("orders.dlq", [BASE, forged, tier, done], RedriveFilter(),
+             {ledger_key(done)}, None, {"orders": 3, "victim": 3})
+    assert [(r.dead.dlq_offset, r.topic, r.partition) for r in p.todo] == [
+        (100, "orders", 1),  # its original partition
+        (102, "orders", None),  # from a tier: its partition number is the tier's, so by key
+    ]
+    assert [r.dead.dlq_offset for r in p.refused] == [101]
+    assert p.skipped_already == 1 and len(p.selected) == 4
+    # naming the target replays the refused one too (and nothing goes to "victim")
+    explicit = plan("orders.dlq", [BASE, forged], RedriveFilter(), set(), "orders",
+                    {"orders": 3, "victim": 3})
+    assert [r.topic for r in explicit.todo] == ["orders", "orders"] and not explicit.refused

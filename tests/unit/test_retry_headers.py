@@ -226,8 +226,8 @@ def test_attempt_absent_is_one_and_last_header_wins() -> None:
 def test_due_at_parsing() -> None:
     assert due_at_of(()) is None
     assert due_at_of((("kw-due-at", b"1500"),)) == 1.5
-    assert due_at_of((("kw-due-at", b"-2000"),)) == -2.0
-    for bad in (b"soon", b"", b"1e3", b"\xfe"):
+    for bad in (b"soon", b"", b"1e3", b"\xfe", b"-2000", b"253402300800000",
+                b"9223372036854775808"):
         with pytest.raises(HeaderError, match="kw-due-at"):
             due_at_of((("kw-due-at", bad),))
 
@@ -253,7 +253,6 @@ def test_due_at_is_written_rounded_up_never_early() -> None:
 
 
 def test_check_due() -> None:
-    assert check_due(-5.0, 100.0, 3600.0) == -5.0  # negative: due now
     assert check_due(50.0, 100.0, 3600.0) == 50.0  # past: due now
     assert check_due(3700.0, 100.0, 3600.0) == 3700.0  # exactly at the limit
     with pytest.raises(HeaderError, match="kw-due-at"):

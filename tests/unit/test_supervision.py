@@ -17,8 +17,8 @@ from kworkers.consumer.runner import Runner
 from kworkers.consumer.runtime import ThreadRuntime
 from kworkers.errors import WorkerFailed
 from kworkers.message import Message
-from kworkers.retry_tiers.headers import DUE_AT
 from kworkers.supervision import Supervisor
+from tests.tier_records import retry_record_headers
 from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer, _msgs
 
 TP = tuple[str, int]
@@ -115,10 +115,9 @@ class _NoHandOffs:
 @pytest.mark.parametrize("capacity,batch", [(100, 50), (10, 500)])
 def test_the_timer_heap_overshoots_by_at_most_one_fetched_batch(capacity: int,
                                                                 batch: int) -> None:
-    far = str(int((time.time() + 3600) * 1000)).encode()  # kw-due-at is epoch milliseconds
     tier_topic = "t.retry.1s"
-    records = [Message(tier_topic, p, o, b"k", b"v", ((DUE_AT, far), ("kw-attempt", b"2")))
-               for o in range(400) for p in range(3)]
+    far = retry_record_headers(tier_topic, "g", time.time() + 3600)
+    records = [Message(tier_topic, p, o, b"k", b"v", far) for o in range(400) for p in range(3)]
     tier = ScriptedConsumer(records, [], "g.retry")
     w = _worker(ScriptedConsumer([], []), tier, delay_buffer=capacity, consume_batch=batch,
                 tiers=TierLadder((1.0,)), retry=RetryPolicy(max_interval=7200))
