@@ -158,6 +158,6 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
     if summary.unreadable:
         out.print(f"left {summary.unreadable} records that are not kworkers dead letters")
     for where, why in summary.refused:
-        out.print(f"refused {where}: {why}", markup=False)
+        out.print(f"refused {where}: {why}", markup=False, soft_wrap=True)  # one line each
     click.echo(summary.line())
     return 1 if summary.refused else 0

@@ -67,6 +67,7 @@ class Processor:
         self._m_ok = metrics.records.labels(group, "ok")
         self._m_retried = metrics.records.labels(group, "retried")
         self._m_dead = metrics.records.labels(group, "dead_lettered")
+        self._m_skipped = metrics.records.labels(group, "skipped")
         self._m_duration = metrics.handler_duration.labels(group)
         self._m_in_flight = metrics.in_flight.labels(group)
         self._m_paused = metrics.paused.labels(group)
@@ -120,6 +121,10 @@ class Processor:
         self.ready.set()
         if msgs:
             self.dispatcher.dispatch(msgs)
+            if gate is not None and gate.skipped:  # another group's retries, completed unrun
+                skipped = gate.take_skipped()
+                self._since_commit += skipped
+                self._m_skipped.inc(skipped)
         self.runner.hand_offs.tick()
         self._apply_completions()
         if gate is not None:

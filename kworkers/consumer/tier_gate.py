@@ -49,6 +49,8 @@ class TierGate:
             capacity + overshoot)
         #: what a tier record must satisfy to run (the router's own ``rules``)
         self.rules = rules
+        #: another group's records completed unrun since the processor last took the count
+        self.skipped = 0
         self.lateness = lateness
         self.clock = clock
 
@@ -71,6 +73,7 @@ class TierGate:
             log.debug("%s/%d@%d is another group's retry: skipped", m.topic, m.partition,
                       m.offset)
             ps.tracker.complete(m.offset)
+            self.skipped += 1
             return None
         m = m._replace(attempt=info.attempt)
         due = info.due_at
@@ -80,6 +83,11 @@ class TierGate:
         if due is not None:
             self.lateness.observe(max(0.0, now - due))
         return m
+
+    def take_skipped(self) -> int:
+        """How many records were skipped since the last call (they count towards a commit)."""
+        n, self.skipped = self.skipped, 0
+        return n
 
     def release_due(
         self, parts: Mapping[TP, PartitionState]

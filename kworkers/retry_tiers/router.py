@@ -31,7 +31,8 @@ from kworkers.retry_tiers.routing import (
     route,
 )
 from kworkers.retry_tiers.tier_record import TierRules, check_tier_record
-from kworkers.retry_tiers.tiers import TierLadder, source_topic_of
+from kworkers.retry_tiers.tiers import TierLadder
+from kworkers.topic_names import is_tier_topic, source_topic_of
 
 
 class Sender(Protocol):
@@ -80,7 +81,7 @@ class FailureRouter:
     def plan(self, msg: Message, exc: BaseException) -> HandOff:
         now = self.clock.now()
         source = self.source_topic(msg)
-        if msg.topic != source:
+        if is_tier_topic(msg.topic):
             try:
                 check_tier_record(msg, self.rules, now)
             except HeaderError as bad:

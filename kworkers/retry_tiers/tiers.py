@@ -24,8 +24,6 @@ from kworkers.topic_names import (
     tier_topic,
     whole_ms,
 )
-
-# re-exported for the modules that take it from here (kworkers.retry_tiers.router)
 from kworkers.topic_names import source_topic_of as source_topic_of
 
 

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -25,10 +27,12 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from kworkers import ConfigError, Message, TierLadder, Worker, WorkerConfig
-from kworkers.admin import admin_client, existing_topics
+from kworkers import ConfigError, Message, RetryPolicy, TierLadder, Worker, WorkerConfig
+from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
 from kworkers.deploy import render
+from kworkers.errors import WorkerFailed
 from kworkers.testing.broker import broker_from_env, free_port
+from kworkers.testing.checker import committed
 from kworkers.testing.workload import (
     committed_total,
     make_topic,
@@ -345,3 +349,84 @@ def test_where_acls_refuse_creation_the_error_stays_clear(sasl_cluster: SaslClus
 
     wait_for(creates, 30, "bob to be allowed to create topics")
     assert set(made) == _derived(w.config)
+
+
+# --- hand-offs the ACLs refuse (issue 15: no record blocks a partition) ----------------------
+
+
+def _deny_write(plain: str, topic: str) -> None:
+    binding = AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:bob",
+                         "*", AclOperation.WRITE, AclPermissionType.DENY)
+    admin = admin_client(plain)  # held until the futures resolve
+    for fut in admin.create_acls([binding]).values():
+        fut.result(30)
+
+
+def _bob_may_write(bs: str, topic: str) -> bool:
+    outcome: list[KafkaError | None] = []
+    p = Producer({"bootstrap.servers": bs, "log_level": 0, "message.timeout.ms": 10_000,
+                  **sasl(BOB_SECRET, "bob")})
+    p.produce(topic, b"probe", on_delivery=lambda err, _m: outcome.append(err))
+    p.flush(15)
+    return bool(outcome) and outcome[0] is None
+
+
+def test_a_hand_off_the_acls_refuse_goes_to_the_dlq_or_turns_the_worker_unhealthy(
+        sasl_cluster: SaslCluster) -> None:
+    plain, prefix = sasl_cluster.plain, unique("deny")
+    ladder = TierLadder((0.2,))
+    topic = make_topic(plain, f"{prefix}-src", 1)
+    tier, dlq = ladder.tiers(topic)[0].topic, ladder.dlq_topic(topic)
+    create_topics(admin_client(plain), [TopicSpec(t, 1) for t in ladder.all_topics(topic)])
+    _grant(plain, prefix, AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE)
+    _deny_write(plain, tier)
+    wait_for(lambda: _bob_may_write(sasl_cluster.sasl, dlq)
+             and not _bob_may_write(sasl_cluster.sasl, tier), 60, "the ACLs to apply")
+    group = f"{prefix}-g"
+    runs: list[bytes] = []
+
+    def worker() -> Worker:
+        w = Worker(topics=[topic], group_id=group, bootstrap_servers=sasl_cluster.sasl,
+                   client_config=sasl(BOB_SECRET, "bob"), tiers=ladder,
+                   retry=RetryPolicy(initial=0.1, max_attempts=3), auto_create_topics=False)
+
+        @w.handler
+        def fail(msg: Message) -> None:
+            runs.append(msg.value or b"")
+            raise ConnectionError("downstream down")  # retryable: to the tier, denied
+
+        return w
+
+    produce_numbered(plain, topic, 1)
+    w = worker()
+    with running(w):
+        wait_for(lambda: bool(read_all(plain, dlq, 3)), 60, "the dead letter")
+        wait_for(lambda: committed(plain, group, topic)[0] == 1, 30, "the commit past it")
+        assert w.fault is None, w.fault  # healthy: the record went where it could
+    dead = [h for _k, _v, h in read_all(plain, dlq, 5) if "kw-error-type" in h]
+    assert len(dead) == 1 and dead[0]["kw-error-type"] == b"HandOffError", dead
+    assert b"TOPIC_AUTHORIZATION_FAILED" in dead[0]["kw-error-message"], dead
+    assert runs == [b"0"]  # run once; never retried where it could not go
+    assert not read_all(plain, tier, 3)
+
+    # where even the DLQ is denied, the worker says so and keeps the record
+    _deny_write(plain, dlq)
+    wait_for(lambda: not _bob_may_write(sasl_cluster.sasl, dlq), 60, "the DLQ ACL to apply")
+    produce_numbered(plain, topic, 1, start=1)
+    w = worker()
+    failed: list[BaseException] = []
+    t = threading.Thread(target=lambda: _run_into(w, failed), daemon=True)
+    t.start()
+    t.join(90)
+    assert not t.is_alive(), "the worker did not stop"
+    assert failed and isinstance(failed[0], WorkerFailed), failed
+    assert w.fault is not None and w.fault.component == "dead-letter queue", w.fault
+    assert dlq in w.fault.reason and "AUTHORIZATION" in w.fault.reason, w.fault
+    assert committed(plain, group, topic)[0] == 1  # never past the record it could not place
+
+
+def _run_into(w: Worker, failed: list[BaseException]) -> None:
+    try:
+        w.run(install_signals=False)
+    except BaseException as exc:
+        failed.append(exc)
