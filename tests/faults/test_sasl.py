@@ -388,7 +388,8 @@ def test_a_hand_off_the_acls_refuse_goes_to_the_dlq_or_turns_the_worker_unhealth
     def worker() -> Worker:
         w = Worker(topics=[topic], group_id=group, bootstrap_servers=sasl_cluster.sasl,
                    client_config=sasl(BOB_SECRET, "bob"), tiers=ladder,
-                   retry=RetryPolicy(initial=0.1, max_attempts=3), auto_create_topics=False)
+                   retry=RetryPolicy(initial=0.1, max_attempts=3), auto_create_topics=False,
+                   drain_timeout=2)  # a stop waits for a hand-off the DLQ refuses: bounded
 
         @w.handler
         def fail(msg: Message) -> None:
