@@ -49,7 +49,7 @@ from kworkers.console.redrive import PLAN_ROWS, plan_redrive, run_redrive
 from kworkers.console.settings import ConsoleSettings
 from kworkers.console.watermarks import watermarks
 from kworkers.console.workflows import StoreUnavailable, WorkflowTables
-from kworkers.dlq.redrive import ledger_key
+from kworkers.dlq.redrive_plan import ledger_key
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import KafkaUnreachable, TopicNotFound, require_topic
@@ -242,6 +242,7 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         got = plan_redrive(client, topic, flt, target)
         back = [(k, v) for k, v in flt.query() if k not in ("sel", "upto")]
         return page(request, "plan.html", topic=topic, plan=got, rows=got.todo[:PLAN_ROWS],
+                    rows_max=PLAN_ROWS,
                     hidden=[*got.filter.query(), *([("to", target)] if target else [])],
                     back=back, nav="dlq")
 

@@ -4,7 +4,10 @@ Both call ``kworkers.dlq.redrive``, never a copy of it: the plan is its ``plan``
 the DLQ and ledger it reads (``read_dlq``, ``read_ledger``), and the confirmed run is
 ``redrive`` itself, the same transactional, idempotent replay as ``kworkers dlq redrive``: a
 dead letter already in the ledger is skipped, so confirming twice replays nothing twice, and
-the redrive's target rules apply as they do on the command line.
+the redrive's target rules apply as they do on the command line: both plan through
+``kworkers.dlq.redrive_plan.plan``, so a replay goes to the source the DLQ is named after
+(``<source>.dlq``), or to the operator's explicit ``to``, and a dead letter whose recorded origin
+disagrees is refused with the reason (shown on the plan page and the job page), never replayed.
 
 The plan pins the end of the DLQ it read (``ConsoleFilter.upto``), so the confirmed redrive
 replays nothing that arrived after the operator read the plan.
@@ -18,7 +21,8 @@ from dataclasses import dataclass, replace
 from kworkers.console.dlq_filter import ConsoleFilter
 from kworkers.dlq.reader import read_dlq
 from kworkers.dlq.record import DeadLetter
-from kworkers.dlq.redrive import Progress, RedriveSummary, Replay, plan, read_ledger, redrive
+from kworkers.dlq.redrive import Progress, RedriveSummary, read_ledger, redrive
+from kworkers.dlq.redrive_plan import RedrivePlan, Refused, Replay, plan
 from kworkers.kafka import clients
 from kworkers.kafka.clients import TopicNotFound
 from kworkers.kafka.settings import ClientSettings
@@ -29,19 +33,31 @@ PLAN_ROWS = 200
 
 @dataclass(frozen=True)
 class Plan:
-    """A dry run: what a redrive with ``filter`` (pinned) would select, skip and replay."""
+    """A dry run: what a redrive with ``filter`` (pinned) would select, skip, refuse and
+    replay (``chosen``: the redrive's own plan)."""
 
     dlq: str
     filter: ConsoleFilter
     target: str | None
     read: int
     unreadable: int
-    selected: list[DeadLetter]
-    todo: list[Replay]
+    chosen: RedrivePlan
+
+    @property
+    def selected(self) -> list[DeadLetter]:
+        return self.chosen.selected
+
+    @property
+    def todo(self) -> list[Replay]:
+        return self.chosen.todo
+
+    @property
+    def refused(self) -> list[Refused]:
+        return self.chosen.refused
 
     @property
     def skipped_already(self) -> int:
-        return len(self.selected) - len(self.todo)
+        return self.chosen.skipped_already
 
     @property
     def targets(self) -> dict[str, int]:
@@ -68,9 +84,9 @@ def plan_redrive(client: ClientSettings, dlq: str, flt: ConsoleFilter,
     for m, _why in contents.unreadable:
         ends[m.partition] = max(ends.get(m.partition, 0), m.offset + 1)
     flt = pinned(flt, ends)
-    selected, todo = plan(contents, flt, read_ledger(client, dlq), target, have)
+    chosen = plan(dlq, contents.dead_letters, flt, read_ledger(client, dlq), target, have)
     return Plan(dlq, flt, target, len(contents.dead_letters) + len(contents.unreadable),
-                len(contents.unreadable), selected, todo)
+                len(contents.unreadable), chosen)
 
 
 def run_redrive(client: ClientSettings, dlq: str, flt: ConsoleFilter, target: str | None,

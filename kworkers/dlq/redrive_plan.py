@@ -103,12 +103,12 @@ def redrive_target(dlq: str, d: DeadLetter, to: str | None = None) -> str | Refu
     source = dlq_source(dlq)
     if source is None:
         return Refused(d, f"{dlq!r} is not named <source>.dlq, so it has no default target; "
-                          "name one with --to")
+                          "name one explicitly (--to, or the console's replay-to field)")
     recorded = d.original_topic
     ours = recorded == source or (is_tier_topic(recorded) and source_topic_of(recorded) == source)
     if not ours:
         return Refused(d, f"its recorded origin {recorded[:80]!r} is not {source!r} (the "
-                          f"source of {dlq!r}); replay it only by naming the target with --to")
+                          f"source of {dlq!r}); replay it only by naming the target explicitly")
     return source
 
 
