@@ -106,10 +106,12 @@ def run_key(group: str, headers: Iterable[tuple[str, bytes]]) -> str:
 @dataclass(frozen=True)
 class Expect:
     """What must become of one hostile record, per group: ``handled``; ``dead`` with a reason
-    containing ``why``; or ``skip`` (never run by that group, never dead-lettered by it)."""
+    containing ``why``; ``skip`` (never run by that group, never dead-lettered by it); or
+    ``either`` (a randomly damaged record: handled, or dead-lettered once with a reason, not
+    both)."""
 
     hid: str
-    outcome: Mapping[str, str]  # group -> "handled" | "dead" | "skip"
+    outcome: Mapping[str, str]  # group -> "handled" | "dead" | "skip" | "either"
     why: str = ""
     redrive_of: str = ""
     never_run: bool = False  # corrupt: must not reach any handler
@@ -148,6 +150,14 @@ def judge(expects: Iterable[Expect], ledger: Ledger,
                 if applied.get(key, 0) < 1 or died:
                     v.problems.append(f"{key}: not handled (applied {applied.get(key, 0)}, "
                                       f"dead letters {len(died)})")
+            elif outcome == "either":
+                ran = applied.get(key, 0) >= 1
+                v.handled += ran
+                v.dead += bool(died)
+                if ran == bool(died) or len(died) > 1 or (died and not died[0].get(
+                        "kw-error-type")):
+                    v.problems.append(f"{key}: applied {applied.get(key, 0)}, dead letters "
+                                      f"{len(died)}: expected one of the two")
             elif outcome == "dead":
                 v.dead += 1
                 if len(died) != 1:

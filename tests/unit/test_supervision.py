@@ -146,3 +146,47 @@ def test_the_timer_heap_overshoots_by_at_most_one_fetched_batch(capacity: int,
     assert tier.paused == {(tier_topic, p) for p in range(3)}
     assert capacity <= heap <= capacity + batch and max(seen, default=0) <= capacity + batch
     assert tier.records  # the rest stayed in Kafka
+
+
+def test_a_record_the_router_cannot_place_goes_to_its_own_dlq_and_the_rest_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any exception while routing one failed record (a bug, a check nobody foresaw) is that
+    record's failure: it is dead-lettered to the DLQ of the topic it was read from with the
+    reason; the partition goes on, the worker stays healthy (issue 15: a ConfigError here
+    once stopped a lane for good while /healthz said 200)."""
+    from kworkers.retry_tiers.router import FailureRouter
+
+    real = FailureRouter.plan
+
+    def plan(self: FailureRouter, msg: Message, exc: BaseException) -> object:
+        if msg.offset == 2:
+            raise LookupError("a check nobody foresaw")
+        return real(self, msg, exc)
+
+    monkeypatch.setattr(FailureRouter, "plan", plan)
+    main, tier = ScriptedConsumer(_msgs(6), []), ScriptedConsumer([], [], "g.retry")
+    sender = RecordingSender()
+    for c in (main, tier):
+        c.go.set()
+    w = Worker(topics=["t"], group_id="g", concurrency=2, sender=sender,
+               consumer=lambda group: main if group == "g" else tier)
+    done: list[int] = []
+
+    @w.handler
+    def handle(msg: Message) -> None:
+        if msg.offset in (1, 2):
+            raise RuntimeError("handler failed")
+        done.append(msg.offset)
+
+    t = threading.Thread(target=w.run, args=(False,), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30  # bounds a hang only
+    while (len(done) < 4 or len(sender.sent) < 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    healthy = w.fault is None
+    w.stop()
+    t.join(30)
+    assert sorted(done) == [0, 3, 4, 5]
+    assert sorted(topic for topic, _v in sender.sent) == ["t.dlq", "t.retry.1s"]
+    assert [v for topic, v in sender.sent if topic == "t.dlq"] == [b"2"]
+    assert healthy and w.fault is None
