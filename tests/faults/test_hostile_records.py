@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -64,7 +63,7 @@ from tests.faults.hostile import (
     until_clean,
     written_outside,
 )
-from tests.integration.conftest import running, wait_for
+from tests.integration.conftest import run_to_end, running, wait_for
 from tests.integration.test_cli_support import cli
 from tests.tier_records import retry_record_headers
 
@@ -536,19 +535,8 @@ def test_a_dlq_that_refuses_for_good_turns_the_worker_unhealthy_and_keeps_the_re
         producer.produce(src, key=b"k", value=b"v" * size,
                          headers=[("h-id", f"r{i}".encode()), ("h-do", POISON.encode())])
     assert producer.flush(30) == 0
-    failed: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            w.run(install_signals=False)
-        except BaseException as exc:
-            failed.append(exc)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(90)
-    assert not t.is_alive(), "the worker did not stop"
-    assert failed and w.fault is not None, failed
+    failed = run_to_end(w, 90)
+    assert failed is not None and w.fault is not None, failed
     assert w.fault.component == "dead-letter queue" and dlq in w.fault.reason
     assert "MSG_SIZE_TOO_LARGE" in w.fault.reason or "too large" in w.fault.reason.lower()
     pos = committed(bs, g, src)

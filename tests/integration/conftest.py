@@ -22,9 +22,8 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condi
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    """Runs a worker in a thread; stops it (gracefully) and joins on exit."""
+def start(worker: Worker) -> tuple[threading.Thread, list[BaseException]]:
+    """Runs ``worker`` on a thread; the list receives what its ``run`` raised."""
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -35,6 +34,21 @@ def running(worker: Worker) -> Iterator[Worker]:
 
     t = threading.Thread(target=target, daemon=True)
     t.start()
+    return t, errors
+
+
+def run_to_end(worker: Worker, timeout: float = 60) -> BaseException | None:
+    """Runs ``worker`` until it stops by itself; what it raised (None for a clean end)."""
+    t, errors = start(worker)
+    t.join(timeout)
+    assert not t.is_alive(), "the worker did not stop by itself"
+    return errors[0] if errors else None
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    """Runs a worker in a thread; stops it (gracefully) and joins on exit."""
+    t, errors = start(worker)
     try:
         wait_for(lambda: worker.ready or bool(errors), 60, "worker ready")
         if errors:

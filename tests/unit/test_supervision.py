@@ -18,6 +18,7 @@ from kworkers.consumer.runtime import ThreadRuntime
 from kworkers.errors import WorkerFailed
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
+from tests.integration.conftest import run_to_end, start
 from tests.tier_records import retry_record_headers
 from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer, _msgs
 
@@ -38,19 +39,7 @@ def _worker(main: ScriptedConsumer, tier: ScriptedConsumer | None = None,
 
 
 def _run(w: Worker) -> BaseException | None:
-    box: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            w.run(install_signals=False)
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(60)
-    assert not t.is_alive(), "the worker did not stop by itself"
-    return box[0] if box else None
+    return run_to_end(w)
 
 
 def test_a_crashed_runner_stops_the_worker_with_the_reason() -> None:
@@ -123,16 +112,7 @@ def test_the_timer_heap_overshoots_by_at_most_one_fetched_batch(capacity: int,
                 tiers=TierLadder((1.0,)), retry=RetryPolicy(max_interval=7200))
     w.handler(lambda msg: None)
     seen: list[int] = []
-    box: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            w.run(install_signals=False)
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
+    t, box = start(w)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (len(w.loops) == 2 and tier.paused):
         if len(w.loops) == 2 and w.loops[1].gate is not None:
@@ -178,14 +158,14 @@ def test_a_record_the_router_cannot_place_goes_to_its_own_dlq_and_the_rest_run(
             raise RuntimeError("handler failed")
         done.append(msg.offset)
 
-    t = threading.Thread(target=w.run, args=(False,), daemon=True)
-    t.start()
+    t, errors = start(w)
     deadline = time.monotonic() + 30  # bounds a hang only
     while (len(done) < 4 or len(sender.sent) < 2) and time.monotonic() < deadline:
         time.sleep(0.01)
     healthy = w.fault is None
     w.stop()
     t.join(30)
+    assert not errors, errors
     assert sorted(done) == [0, 3, 4, 5]
     assert sorted(topic for topic, _v in sender.sent) == ["t.dlq", "t.retry.1s"]
     assert [v for topic, v in sender.sent if topic == "t.dlq"] == [b"2"]
