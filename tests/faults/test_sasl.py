@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from kworkers.testing.workload import (
     read_all,
     unique,
 )
-from tests.integration.conftest import running, wait_for
+from tests.integration.conftest import run_to_end, running, wait_for
 from tests.integration.test_cli_support import DeadLetters, make_dead_letters
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -415,19 +414,8 @@ def test_a_hand_off_the_acls_refuse_goes_to_the_dlq_or_turns_the_worker_unhealth
     wait_for(lambda: not _bob_may_write(sasl_cluster.sasl, dlq), 60, "the DLQ ACL to apply")
     produce_numbered(plain, topic, 1, start=1)
     w = worker()
-    failed: list[BaseException] = []
-    t = threading.Thread(target=lambda: _run_into(w, failed), daemon=True)
-    t.start()
-    t.join(90)
-    assert not t.is_alive(), "the worker did not stop"
-    assert failed and isinstance(failed[0], WorkerFailed), failed
+    failed = run_to_end(w, 90)
+    assert isinstance(failed, WorkerFailed), failed
     assert w.fault is not None and w.fault.component == "dead-letter queue", w.fault
     assert dlq in w.fault.reason and "AUTHORIZATION" in w.fault.reason, w.fault
     assert committed(plain, group, topic)[0] == 1  # never past the record it could not place
-
-
-def _run_into(w: Worker, failed: list[BaseException]) -> None:
-    try:
-        w.run(install_signals=False)
-    except BaseException as exc:
-        failed.append(exc)
