@@ -471,6 +471,9 @@ def _topics(bs: str, source: str, partitions: int = 1,
                                      for t in LADDER.all_topics(source)])
 
 
+@pytest.mark.skipif(not FULL, reason="KWORKERS_FULL=1 only (CI time budget): CI proves a "
+                    "permanent refusal on the broker with the ACLs of tests/faults/test_sasl.py; "
+                    "the classification of every refusal: tests/unit/test_handoff_step.py")
 def test_hand_offs_refused_for_good_end_in_the_own_dlq_with_the_reason(
         kafka_broker: Broker, tmp_path: Path) -> None:
     """A tier deleted under the worker (the destination stays missing after metadata
@@ -520,8 +523,9 @@ def test_hand_offs_refused_for_good_end_in_the_own_dlq_with_the_reason(
     assert not written_outside(before, after, p.ours | made)
 
 
-@pytest.mark.skipif(not FULL, reason="KWORKERS_FULL=1 only (CI time budget): CI proves the "
-                    "same with a DLQ the ACLs refuse, tests/faults/test_sasl.py")
+@pytest.mark.skipif(not FULL, reason="KWORKERS_FULL=1 only (CI time budget): the same logic "
+                    "is tests/unit/test_handoff_step.py's; test_sasl.py has it on a DLQ the ACLs "
+                    "refuse, also with KWORKERS_FULL=1")
 def test_a_dlq_that_refuses_for_good_turns_the_worker_unhealthy_and_keeps_the_record(
         kafka_broker: Broker, tmp_path: Path) -> None:
     bs = kafka_broker.bootstrap_servers

@@ -6,6 +6,8 @@ import threading
 from concurrent.futures import Future
 from queue import SimpleQueue
 
+import pytest
+
 from kworkers.clock import FakeClock
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import Completion
@@ -156,3 +158,19 @@ def test_at_the_limit_a_runner_waits_for_room() -> None:
     sender.sent[0][1].set_result(None)
     third.join(5)
     assert not third.is_alive() and len(sender.sent) == 3
+
+
+@pytest.mark.parametrize(("code", "kind"), [
+    ("TOPIC_AUTHORIZATION_FAILED", "permanent"), ("MSG_SIZE_TOO_LARGE", "permanent"),
+    ("RECORD_LIST_TOO_LARGE", "permanent"), ("UNKNOWN_TOPIC_OR_PART", "missing"),
+    ("_UNKNOWN_TOPIC", "missing"), ("_MSG_TIMED_OUT", "transient"),
+    ("_TRANSPORT", "transient"), ("NOT_LEADER_FOR_PARTITION", "transient")])
+def test_what_a_refused_produce_means(code: str, kind: str) -> None:
+    """The broker's refusals as librdkafka reports them (the real broker's own are seen in
+    tests/faults/test_sasl.py, and with KWORKERS_FULL=1 in test_hostile_records.py)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kworkers.retry_tiers.producer import classify_send_error
+
+    assert classify_send_error(KafkaException(KafkaError(getattr(KafkaError, code)))) == kind
+    assert classify_send_error(RuntimeError("not a Kafka error")) == "transient"
