@@ -367,8 +367,7 @@ class Worker:
                               self.supervisor)
         consumer = (cast(ConsumerPort, made) if made is not None else
                     KafkaConsumerAdapter(consumer_settings(
-                        cfg.client, group, cfg.group_protocol, cfg.consumer_config),
-                        commit_timeout=cfg.commit.timeout_s))
+                        cfg.client, group, cfg.group_protocol, cfg.consumer_config)))
         gate = None
         if tiers:
             # the rules every router of this worker checks tier records by, too

@@ -12,12 +12,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from kworkers.consumer.commit import CommitOutcome, commit_with_retry
+from kworkers.consumer.commit import REBALANCE_WAITS, CommitOutcome, commit_with_retry
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort
 from kworkers.metrics import Metrics
 
 log = logging.getLogger("kworkers.consumer")
+#: commits with no later one for their partitions: refusals by a rebalance are retried briefly
+LAST_CHANCE = frozenset({"revoke", "drain"})
 
 
 class Committer:
@@ -40,9 +42,11 @@ class Committer:
                 positions[ps.tp] = pos
         if not positions:
             return None
+        last_chance = why in LAST_CHANCE
         result = commit_with_retry(lambda: self.consumer.commit(positions),
                                    self.consumer.is_retryable, self.sleep,
-                                   is_rebalancing=self.consumer.is_rebalancing)
+                                   is_rebalancing=self.consumer.is_rebalancing,
+                                   rebalance_waits=REBALANCE_WAITS if last_chance else ())
         if result.outcome is CommitOutcome.COMMITTED:
             for ps in targets:
                 if ps.tp in positions:
@@ -50,9 +54,9 @@ class Committer:
             self._m_commits.inc()
         elif result.outcome is CommitOutcome.DEFERRED:
             self._m_deferred.inc()
-            log.log(logging.WARNING if why == "revoke" else logging.INFO,
+            log.log(logging.WARNING if last_chance else logging.INFO,
                     "%s commit deferred: the group is rebalancing (%s)%s", why, result.error,
-                    "; the next owner may get these records again" if why == "revoke" else "")
+                    "; the next owner may get these records again" if last_chance else "")
         elif result.outcome is CommitOutcome.UNCERTAIN:
             self._m_uncertain.inc()
             log.warning("%s commit outcome uncertain after %d attempts (%s); a redelivery may "

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -43,11 +41,6 @@ _RETRYABLE_COMMIT_CODES = frozenset({
 })
 
 
-def _timed_out(seconds: float, what: str) -> KafkaException:
-    return KafkaException(KafkaError(
-        KafkaError._TIMED_OUT, f"{what} was not answered within {seconds:g}s"))
-
-
 def is_rebalancing(exc: BaseException) -> bool:
     return (isinstance(exc, KafkaException) and bool(exc.args)
             and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in _REBALANCING_CODES)
@@ -78,12 +71,9 @@ def _headers(h: Any) -> Headers:
 class KafkaConsumerAdapter:
     """Wraps (never subclasses) a confluent-kafka ``Consumer``."""
 
-    def __init__(self, conf: Mapping[str, Any], commit_timeout: float = 5.0) -> None:
+    def __init__(self, conf: Mapping[str, Any]) -> None:
         self._c = Consumer(dict(conf))
         self.group = str(conf["group.id"])
-        self.commit_timeout = commit_timeout
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="kworkers-commit")
-        self._inflight: Future[Any] | None = None
 
     def subscribe(self, topics: Iterable[str], on_assign: RebalanceCallback,
                   on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None:
@@ -118,31 +108,9 @@ class KafkaConsumerAdapter:
         return out
 
     def commit(self, positions: Mapping[TP, int]) -> None:
-        """A synchronous commit, bounded by ``commit_timeout``: past it the attempt counts as
-        timed out (``_TIMED_OUT``, retryable), and the poll thread goes back to polling.
-
-        The call runs on a committer thread of its own: librdkafka's synchronous commit has no
-        timeout, and to a broker that is up but does not answer (frozen, partitioned) it would
-        hold the poll thread for as long as that lasts, so lost partitions would not even be
-        noticed. Attempts leave one at a time, in order, so a late answer can never move the
-        committed position backwards: an attempt still waiting is waited for (within the same
-        bound) before the next is sent.
-        """
         tps = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
-        prev = self._inflight
-        if prev is not None and not prev.done():
-            try:
-                prev.result(timeout=self.commit_timeout)
-            except FutureTimeout:
-                raise _timed_out(self.commit_timeout, "an earlier commit") from None
-            except Exception:  # reported when it was the current attempt
-                pass
-        fut = self._committer.submit(self._c.commit, offsets=tps, asynchronous=False)
-        self._inflight = fut
         try:
-            result = fut.result(timeout=self.commit_timeout)
-        except FutureTimeout:
-            raise _timed_out(self.commit_timeout, "the commit") from None
+            result = self._c.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             if is_nothing_to_commit(exc):
                 return
@@ -165,7 +133,6 @@ class KafkaConsumerAdapter:
 
     def close(self) -> None:
         self._c.close()
-        self._committer.shutdown(wait=False)
 
     is_retryable = staticmethod(is_retryable)
     is_rebalancing = staticmethod(is_rebalancing)

@@ -6,6 +6,10 @@ No silent skips under CI: when ``KWORKERS_CI`` is set (or ``CI``, as CI services
 ``KWORKERS_CI=0`` turns this off), a test that skips is reported as a failure, with its reason.
 A missing PostgreSQL/Redis URL or a broker that cannot be killed is a broken CI set-up, and a
 green run must not hide it. Expected failures (``xfail``) are not skips and stay as they are.
+
+Full-size only: a test marked ``full_only`` is deselected (reported as such, never skipped)
+unless ``KWORKERS_FULL=1``. It is for scenarios too long for CI's budget at any size, run by
+hand; their figures are in docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import pytest
 
 from kworkers.testing.broker import Broker, broker_from_env
+from kworkers.testing.workload import full_runs
 
 
 def in_ci() -> bool:
@@ -24,6 +29,20 @@ def in_ci() -> bool:
     if flag is not None:
         return flag.lower() not in ("", "0", "false", "no")
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "full_only: too long for CI; runs only with KWORKERS_FULL=1 (by hand)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if full_runs():
+        return
+    dropped = [i for i in items if i.get_closest_marker("full_only") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i.get_closest_marker("full_only") is None]
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kworkers.admin import TopicSpec, admin_client, create_topics
 
 
+def full_runs() -> bool:
+    """Whether this is a full-size run (``KWORKERS_FULL=1``: by hand, figures in the docs)."""
+    return os.environ.get("KWORKERS_FULL", "") not in ("", "0")
+
+
 def full_size(full: int, ci: int) -> int:
-    """A test's size: ``full`` with ``KWORKERS_FULL=1`` (run by hand, figures in the docs),
-    else the small ``ci`` size that keeps CI short."""
-    return full if os.environ.get("KWORKERS_FULL", "") not in ("", "0") else ci
+    """A test's size: ``full`` in a full-size run, else the small ``ci`` size that keeps CI
+    short."""
+    return full if full_runs() else ci
 
 
 def unique(prefix: str) -> str:

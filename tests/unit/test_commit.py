@@ -119,3 +119,29 @@ def test_a_rebalance_defers_at_once_and_after_a_retryable_error_is_uncertain() -
         r = commit_with_retry(commit, lambda e: isinstance(e, Timeout), slept.append,
                               is_rebalancing=lambda e: isinstance(e, Rebalancing))
         assert r.outcome is outcome and slept == waits
+
+
+def test_a_last_chance_commit_retries_a_rebalance_briefly_then_defers() -> None:
+    """A revoke's or a drain's commit has no next commit to carry its positions: a refusal by
+    a rebalance is retried with the short waits; only when they are spent is it deferred."""
+    from kworkers.consumer.commit import REBALANCE_WAITS, CommitOutcome, commit_with_retry
+
+    class Rebalancing(Exception):
+        pass
+
+    for refusals, outcome in ((2, CommitOutcome.COMMITTED),
+                              (len(REBALANCE_WAITS) + 1, CommitOutcome.DEFERRED)):
+        left = [refusals]
+        slept: list[float] = []
+
+        def commit(left: list[int] = left) -> None:
+            if left[0]:
+                left[0] -= 1
+                raise Rebalancing("x")
+
+        r = commit_with_retry(commit, lambda e: False, slept.append,
+                              is_rebalancing=lambda e: isinstance(e, Rebalancing),
+                              rebalance_waits=REBALANCE_WAITS)
+        assert r.outcome is outcome
+        assert slept == list(REBALANCE_WAITS[:min(refusals, len(REBALANCE_WAITS))])
+        assert sum(REBALANCE_WAITS) < sum((0.1, 0.2, 0.4, 0.8))
