@@ -38,6 +38,7 @@ PARTS = 4
 TOTAL = 2000  # 20 ms each: B still has work when its handlers are held
 
 
+@pytest.mark.full_only  # 130-140 s: over CI's budget; KWORKERS_FULL=1 runs it (by hand)
 @pytest.mark.xfail(strict=True, reason=(
     "a partitioned member keeps running records it had fetched after its partitions moved: "
     "its poll thread is blocked in a synchronous commit to the unreachable coordinator until "
