@@ -29,8 +29,9 @@ from kworkers.consumer.breaker import Breaker, State
 from kworkers.consumer.kafka import KafkaConsumerAdapter
 from kworkers.consumer.ports import Completion, ConsumerPort, Handler, Invoker
 from kworkers.consumer.processor import Processor
-from kworkers.consumer.runner import Runner, Runtime
+from kworkers.consumer.runner import Runner
 from kworkers.consumer.runtime import AsyncRuntime, InlineRuntime, ThreadRuntime
+from kworkers.consumer.steps import Runtime
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError, WorkerFailed, failure_type, is_non_retryable

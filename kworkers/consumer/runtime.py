@@ -24,7 +24,8 @@ from typing import Any
 
 from kworkers.clock import Clock
 from kworkers.consumer.partition import Item, Lane
-from kworkers.consumer.runner import HandOffRequest, Runner, TimedOut, Wait, current_lane
+from kworkers.consumer.runner import Runner, current_lane
+from kworkers.consumer.steps import HandOffRequest, TimedOut, Wait
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
 

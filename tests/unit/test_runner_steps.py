@@ -8,7 +8,8 @@ from queue import SimpleQueue
 from kworkers.clock import FakeClock
 from kworkers.consumer.breaker import Breaker, BreakerPolicy
 from kworkers.consumer.partition import Item, PartitionState, Poisoned
-from kworkers.consumer.runner import HandOffRequest, Runner, Steps
+from kworkers.consumer.runner import Runner
+from kworkers.consumer.steps import HandOffRequest, Steps
 from kworkers.message import Message
 
 
