@@ -471,9 +471,10 @@ def _topics(bs: str, source: str, partitions: int = 1,
                                      for t in LADDER.all_topics(source)])
 
 
-@pytest.mark.skipif(not FULL, reason="KWORKERS_FULL=1 only (CI time budget): CI proves a "
-                    "permanent refusal on the broker with the ACLs of tests/faults/test_sasl.py; "
-                    "the classification of every refusal: tests/unit/test_handoff_step.py")
+# KWORKERS_FULL=1 only (CI time budget): CI proves a permanent refusal on the broker with the ACLs
+# of tests/faults/test_sasl.py; the classification of every refusal:
+# tests/unit/test_handoff_step.py
+@pytest.mark.full_only
 def test_hand_offs_refused_for_good_end_in_the_own_dlq_with_the_reason(
         kafka_broker: Broker, tmp_path: Path) -> None:
     """A tier deleted under the worker (the destination stays missing after metadata
@@ -523,9 +524,9 @@ def test_hand_offs_refused_for_good_end_in_the_own_dlq_with_the_reason(
     assert not written_outside(before, after, p.ours | made)
 
 
-@pytest.mark.skipif(not FULL, reason="KWORKERS_FULL=1 only (CI time budget): the same logic "
-                    "is tests/unit/test_handoff_step.py's; test_sasl.py has it on a DLQ the ACLs "
-                    "refuse, also with KWORKERS_FULL=1")
+# KWORKERS_FULL=1 only (CI time budget): the same logic is tests/unit/test_handoff_step.py's;
+# test_sasl.py has it on a DLQ the ACLs refuse, also with KWORKERS_FULL=1
+@pytest.mark.full_only
 def test_a_dlq_that_refuses_for_good_turns_the_worker_unhealthy_and_keeps_the_record(
         kafka_broker: Broker, tmp_path: Path) -> None:
     bs = kafka_broker.bootstrap_servers

@@ -428,8 +428,8 @@ def test_a_hand_off_the_acls_refuse_goes_to_the_own_dlq_with_the_reason(
     assert not read_all(plain, tier, 3)
 
 
-@pytest.mark.skipif(os.environ.get("KWORKERS_FULL") != "1", reason="KWORKERS_FULL=1 only (CI "
-                    "time budget): the same logic is tests/unit/test_handoff_step.py's")
+# KWORKERS_FULL=1 only (CI time budget): the same logic is tests/unit/test_handoff_step.py's
+@pytest.mark.full_only
 def test_where_the_dlq_is_refused_too_the_worker_turns_unhealthy_and_keeps_the_record(
         sasl_cluster: SaslCluster) -> None:
     d = _denied_tier(sasl_cluster)
