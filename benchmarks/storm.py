@@ -59,8 +59,9 @@ def _worker(bs: str, topic: str, group: str, **kw: Any) -> Worker:
     return w
 
 
-def _timed(bs: str, topic: str, n: int, side: str, run: int) -> float:
-    """Seconds from start (subscribe) to N records done, for one side."""
+def _timed(bs: str, topic: str, n: int, side: str, run: int) -> tuple[float, float]:
+    """Seconds from start (subscribe) to N records done, for one side, and the CPU seconds this
+    process spent meanwhile (every thread: poll loop, runners, hand-off producer)."""
     done = [0]
     lock = threading.Lock()
     if side == "noop":
@@ -85,10 +86,11 @@ def _timed(bs: str, topic: str, n: int, side: str, run: int) -> float:
         group = f"storm-handoff-{run}"
         retried = w.metrics.records.labels(group, "retried")
         count = lambda: int(retried._value.get())  # noqa: E731
-    t0 = time.monotonic()
+    c0, t0 = time.process_time(), time.monotonic()
     with running(w):
         t1 = wait_for(lambda: count() >= n, 600, f"{side} {n} records", poll=0.005)
-    return t1 - t0
+        c1 = time.process_time()
+    return t1 - t0, c1 - c0
 
 
 def _recovery(bs: str, n: int, outage: float) -> tuple[float, int]:
@@ -129,20 +131,27 @@ def main(mode: Mode) -> None:
         create_topics(admin_client(bs), [TopicSpec(topic, PARTITIONS)])
         produce_fill(bs, topic, n, PARTITIONS)
         times: dict[str, list[float]] = {"noop": [], "handoff": []}
+        cpu: dict[str, list[float]] = {"noop": [], "handoff": []}
         for run in range(runs):
             for side in ("noop", "handoff") if run % 2 == 0 else ("handoff", "noop"):
-                s = _timed(bs, topic, n, side, run)
+                s, c = _timed(bs, topic, n, side, run)
                 times[side].append(s)
-                console.print(f"[dim]run {run + 1} {side}: {n / s:,.0f} records/s[/dim]")
+                cpu[side].append(c)
+                console.print(f"[dim]run {run + 1} {side}: {n / s:,.0f} records/s, "
+                              f"{c:.1f} CPU s[/dim]")
         rec_s, handed = _recovery(bs, rec_n, outage)
     mps = {k: [n / s for s in v] for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in mps.items()}
     ratio = med["handoff"] / med["noop"]
     table(f"failure storm, {n:,} records x {runs} runs, {PARTITIONS} partitions",
-          ["side", "median records/s", "min", "max"],
-          [[k, f"{med[k]:,.0f}", f"{min(v):,.0f}", f"{max(v):,.0f}"] for k, v in mps.items()])
+          ["side", "median records/s", "min", "max", "median CPU s"],
+          [[k, f"{med[k]:,.0f}", f"{min(v):,.0f}", f"{max(v):,.0f}",
+            f"{statistics.median(cpu[k]):.1f}"] for k, v in mps.items()])
     console.print(f"recovery: {rec_n:,} records failing for {outage:.0f}s ({handed:,} hand-offs)"
                   f", all applied {fmt(rec_s, 2)}s after the downstream came back")
     result("storm", {"handoff_mps": med["handoff"], "noop_mps": med["noop"],
-                     "ratio": round(ratio, 3), "recovery_s": round(rec_s, 2),
+                     "ratio": round(ratio, 3),
+                     "cpu_s_handoff": round(statistics.median(cpu["handoff"]), 2),
+                     "cpu_s_noop": round(statistics.median(cpu["noop"]), 2),
+                     "recovery_s": round(rec_s, 2),
                      "peak_rss_mb": round(_peak_rss_mb(), 1), "n": n, "runs": runs})
