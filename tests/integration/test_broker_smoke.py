@@ -91,6 +91,8 @@ def test_broker_is_kafka_4_in_kraft_mode(kafka_broker: Broker) -> None:
 
 
 @pytest.mark.faults
+# 25 s: KWORKERS_FULL=1 only (CI budget); CI's kill loops restart the same fixture's broker
+@pytest.mark.full_only
 def test_broker_restart_keeps_data(fault_broker: Broker) -> None:
     bootstrap = fault_broker.bootstrap_servers
     topic = f"restart-{uuid.uuid4().hex[:8]}"
