@@ -151,6 +151,8 @@ def test_a_downstream_outage_loses_nothing_and_applies_each_record_once(
         kafka_broker: Broker, tmp_path: Path) -> None:
     n = full_size(100_000, 20_000)
     r = _storm(kafka_broker.bootstrap_servers, tmp_path, n, outage_s=8.0, breaker=False)
+    print(f"storm: {r.report.summary()} tier_writes={r.tier_writes} "
+          f"peak_rss_mb={max(r.rss):.0f} health={sorted(set(r.health))} exit={r.code}")
     assert r.report.ok, r.report.summary()
     assert r.report.applications == n and r.log_records == n
     assert r.tier_writes >= n  # the storm happened: every record went through a tier
@@ -164,6 +166,8 @@ def test_with_the_breaker_on_records_wait_in_the_source_instead_of_the_tiers(
         kafka_broker: Broker, tmp_path: Path) -> None:
     n = full_size(20_000, 5_000)
     r = _storm(kafka_broker.bootstrap_servers, tmp_path, n, outage_s=8.0, breaker=True)
+    print(f"breaker: {r.report.summary()} tier_writes={r.tier_writes} "
+          f"peak_rss_mb={max(r.rss):.0f} health={sorted(set(r.health))} exit={r.code}")
     assert r.report.ok, r.report.summary()
     assert r.report.applications == n
     assert "circuit breaker closed -> open" in r.out, r.out[-3000:]
