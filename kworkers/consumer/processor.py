@@ -259,8 +259,14 @@ class Processor:
             self.metrics.lag.labels(self.group, ps.topic, str(ps.partition)).set(max(0, lag))
 
     def _commit(self, targets: list[PartitionState], why: str) -> CommitOutcome | None:
-        self._since_commit = 0
-        return self.committer.commit(targets, why)
+        """The completion count restarts only when every owned partition's position went out:
+        a deferred or failed commit keeps it, so the next interval tries again even if no
+        record completes any more (the end of a backlog), and a revoke's commit of some
+        partitions leaves the others' count alone."""
+        outcome = self.committer.commit(targets, why)
+        if outcome in (CommitOutcome.COMMITTED, None) and len(targets) == len(self.parts):
+            self._since_commit = 0
+        return outcome
 
     # ------------------------------------------------------------------ rebalance
 

@@ -368,3 +368,20 @@ def test_a_commit_refused_by_a_rebalance_spends_no_waits_on_the_poll_thread() ->
     assert sleeps == []  # deferred at once: no 100/200/400 ms on the poll thread
     assert metrics.commit_deferred.labels("g")._value.get() == 1
     assert consumer.commits[-1] == ({("t", 0): 10}, "ok")  # a later commit carried it
+
+
+def test_a_deferred_commit_is_tried_again_when_nothing_completes_any_more() -> None:
+    """The end of a backlog: every record done, the last periodic commit refused by a
+    rebalance. The next interval must try again although no record completes after it (the
+    demo once waited 240 s for such a commit)."""
+    consumer = ScriptedConsumer(_msgs(10), [Rebalancing])
+    _calls, handle = _counting()
+    h, _sleeps, _metrics = _loop(consumer, handle, commit=CommitPolicy(interval_s=0.05))
+    h.start()
+    deadline = time.monotonic() + 30  # bounds a hang only
+    while ({("t", 0): 10}, "ok") not in consumer.commits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while_running = list(consumer.commits)  # before stop(): its drain would commit anyway
+    h.stop()
+    assert while_running[0][1] == "Rebalancing"
+    assert ({("t", 0): 10}, "ok") in while_running
