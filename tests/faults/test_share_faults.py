@@ -241,8 +241,19 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
               f"dead-lettered at the delivery limit {len(limit_hit)} (handler runs: "
               f"{sum(1 for e in counts.effects() if e.key in set(limit_hit))})")
         assert not wrong, wrong[:10]
-        # kills landed on work in flight: records were delivered again, with higher counts
-        assert any(int(e.note) > 1 for e in counts.effects() if e.key not in crash)
+        # kills landed on work in flight: records were delivered again (ledger, by key) ...
+        mine = [d for d in ledger.deliveries() if d.topic == topic and d.key not in crash]
+        seen: dict[str, list[float]] = {}
+        for d in mine:
+            seen.setdefault(d.key, []).append(d.at)
+        again = {k: sorted(ats)[1:] for k, ats in seen.items() if len(ats) > 1}
+        assert again, "no kill landed on work in flight: nothing was delivered again"
+        # ... and the broker counted them, except across a restart, which resets the count of
+        # records in flight to 1 (measured; docs/SHARE_GROUPS.md): if no count above 1 was
+        # seen, every later delivery must have come after the restart began
+        restart_at = min((down for down, _up in broker_down), default=float("inf"))
+        counted = any(int(e.note) > 1 for e in counts.effects() if e.key not in crash)
+        assert counted or all(at >= restart_at for ats in again.values() for at in ats), again
         assert len(pool.victims) >= kills + (LIMIT - 2 if crash else 0)
         if crash:
             # the record that kills its worker ran until the two deliveries kept for the dead
