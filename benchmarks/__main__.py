@@ -8,8 +8,10 @@ import sys
 
 from benchmarks.common import Mode
 
-BENCHMARKS = ("peers", "throughput", "slow_io", "rebalance", "retry_timing", "commits", "soak",
-              "storm", "leave", "share")
+BENCHMARKS = ("peers", "eos", "throughput", "slow_io", "rebalance", "retry_timing", "commits",
+              "soak", "storm", "leave", "share", "pace", "handoff_cpu", "schedule")
+#: the benchmarks whose ``--profile`` runs one kworkers side under py-spy
+PROFILED = ("throughput", "storm", "peers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,14 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--smoke", action="store_true",
                       help="a tiny run (seconds of work), for the smoke test only")
     ap.add_argument("--profile", action="store_true",
-                    help="throughput only: profile the kworkers side with py-spy instead "
-                         "(py-spy is not a dependency: .venv/bin/pip install py-spy)")
+                    help="throughput, storm and peers: profile a kworkers side with py-spy "
+                         "instead (py-spy is not a dependency: .venv/bin/pip install py-spy)")
     args = ap.parse_args(argv)
     mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
-    if args.profile and args.name != "throughput":
-        ap.error("--profile applies to the throughput benchmark only")
+    if args.profile and args.name not in PROFILED:
+        ap.error(f"--profile applies to {', '.join(PROFILED)} only")
     module = importlib.import_module(f"benchmarks.{args.name}")
-    if args.name == "throughput":
+    if args.name in PROFILED:
         module.main(mode, profile=args.profile)
     else:
         module.main(mode)

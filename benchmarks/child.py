@@ -32,11 +32,15 @@ SIDES: dict[str, str] = {
     "arroyo": "benchmarks.sides_peers:arroyo",
     "faststream": "benchmarks.sides_peers:faststream",
     "kworkers": "benchmarks.sides_kworkers:sync_noop",
+    "kworkers_output": "benchmarks.sides_kworkers:one_output",
+    "raw_eos": "benchmarks.sides_peers:raw_eos",
     "kworkers_async": "benchmarks.sides_kworkers:async_noop",
     "kworkers_inline": "benchmarks.sides_kworkers:inline_noop",
     "kworkers_batch": "benchmarks.sides_kworkers:batch_noop",
     "slow_io": "benchmarks.slow_io:side",
     "rebalance": "benchmarks.rebalance:side",
+    "storm_raw": "benchmarks.storm:raw_side",
+    "storm_handoff": "benchmarks.storm:handoff_side",
 }
 
 

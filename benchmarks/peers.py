@@ -62,12 +62,24 @@ def sides(mode: Mode, n_slow: int) -> list[Side]:
     return out
 
 
-def main(mode: Mode) -> None:
+#: the kworkers sides ``--profile`` runs under py-spy, one after the other
+PROFILED = ("kworkers", "kworkers_inline", "kworkers_async", "kworkers_batch")
+
+
+def main(mode: Mode, profile: bool = False) -> None:
     quiet_logs()
     n = mode.pick(20_000, 300_000, 1_000_000)
     n_slow = mode.pick(20_000, 60_000, 100_000)
     rounds = mode.pick(1, 3, 3)
     t_start = time.monotonic()
+    if profile:
+        from benchmarks.profile import profile_side
+
+        with kafka() as bs:
+            cmp = Comparison.on_new_topic(bs, "peers", n, PARTITIONS, VALUE_SIZE)
+            for name in PROFILED:
+                profile_side(cmp, Side(name, name))
+        return
     if mode is Mode.SMOKE:
         console.print(escape("peers skipped in smoke mode (no installs in CI): "
                              + ", ".join(p.requirement for p in peer_envs.PEERS)))

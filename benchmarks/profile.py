@@ -98,18 +98,21 @@ def read_raw(path: str) -> dict[str, tuple[int, Counter[str], Counter[str]]]:
     return {g: (total[g], leaves[g], inclusive[g]) for g in total}
 
 
-def profile_kworkers(cmp: Comparison, top: int = 8) -> None:
+def profile_side(cmp: Comparison, side: Side, top: int = 8) -> None:
+    """Runs ``side`` (a kworkers side built by ``sides_kworkers.run_worker``) once under
+    py-spy and prints where each thread's time went."""
     py_spy()
     with tempfile.TemporaryDirectory(prefix="kw-bench-prof-") as tmp:
         out = os.path.join(tmp, "kworkers.pyspy.txt")
-        side = Side("kworkers", "kworkers", options={"profile_to": out})
-        reading = run_child(sys.executable, cmp.spec(side, unique("bench-prof"), cmp.n),
+        profiled = Side(side.name, side.label, options={**side.options, "profile_to": out})
+        reading = run_child(sys.executable, cmp.spec(profiled, unique("bench-prof"), cmp.n),
                             cmp.timeout)
         groups = read_raw(out)
     secs, cpu = reading["seconds"], reading["cpu_s"]
-    console.print(f"kworkers (sync no-op) under py-spy ({RATE} samples/s per thread): "
+    console.print(f"{side.label} under py-spy ({RATE} samples/s per thread): "
                   f"{cmp.n:,} records in {secs:.2f}s = {cmp.n / secs:,.0f}/s, process CPU "
-                  f"{cpu:.2f}s (py-spy's pauses slow it down; the shares are what count)")
+                  f"{cpu:.2f}s = {cpu / cmp.n * 1e6:.1f} us per record (py-spy's pauses slow "
+                  "it down; the shares are what count)")
     threads = reading["extra"].get("threads", {})
     table("CPU per thread over the window (/proc), against the window's wall time",
           ["thread", "CPU s", "busy (CPU / wall)"],

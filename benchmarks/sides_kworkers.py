@@ -3,7 +3,8 @@ batch once ``Worker`` has batch handlers), run by ``benchmarks.child`` in a proc
 
 The handler's whole work is ``meter.hit()``, as on every other side. The read-ahead cap goes in
 through the public ``consumer_config``; ``options.commit`` picks the commit policy
-(``default`` or ``never``, for the commits benchmark).
+(``default`` or ``never``, for the commits benchmark); ``options.rate_limit`` a rate limit (the
+pace benchmark).
 """
 
 from __future__ import annotations
@@ -20,13 +21,25 @@ POLICIES = {"default": CommitPolicy(), "never": NEVER}
 
 
 def run_worker(spec: dict[str, Any], meter: Meter,
-               register: Callable[[Worker], None], execution: str = "threads") -> dict[str, Any]:
-    """Builds the worker, lets ``register`` give it its handler, and runs it until ``n``."""
+               register: Callable[[Worker], None], execution: str = "threads",
+               **settings: Any) -> dict[str, Any]:
+    """Builds the worker (``settings``: more of ``Worker``'s), lets ``register`` give it its
+    handler, and runs it until ``n``."""
     options = spec.get("options", {})
+    pace: dict[str, Any] = {}
+    if options.get("rate_limit"):  # benchmarks.pace: {"per_second", "scope", "store"}
+        from kworkers.pace import RateLimit, open_buckets
+
+        rl = dict(options["rate_limit"])
+        store = rl.pop("store", None)
+        pace["rate_limit"] = RateLimit(**rl, name=spec["group"])
+        if store:
+            pace["rate_store"] = open_buckets(store)
     w = Worker(topics=[spec["topic"]], group_id=spec["group"],
                bootstrap_servers=spec["bootstrap"],
                consumer_config=dict(spec.get("consumer_config") or {}),
-               commit=POLICIES[options.get("commit", "default")], execution=execution)
+               commit=POLICIES[options.get("commit", "default")], execution=execution,
+               guarantee=options.get("guarantee", "at_least_once"), **pace, **settings)
     register(w)
     w.create_topics()  # tier and DLQ topics: set-up, before the clock starts
     extra: dict[str, Any] = {}
@@ -40,6 +53,9 @@ def run_worker(spec: dict[str, Any], meter: Meter,
     def stop() -> None:
         # Read at the n-th record: commits so far (the stop adds a final one), CPU per thread.
         extra["commits"] = w.metrics.commits.labels(w.config.group_id)._value.get()
+        if pace:
+            extra["tokens"] = w.metrics.rate_tokens.labels(w.config.group_id)._value.get()
+            extra["waits"] = w.metrics.rate_wait.labels(w.config.group_id)._sum.get()
         extra["threads"] = cpu_delta(before, thread_cpu())
         if profiler is not None:
             profiler.stop()
@@ -103,5 +119,22 @@ def batch_noop(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
             hit_many(len(batch))
 
         register_batch(w, handle)
+
+    return run_worker(spec, meter, register)
+
+
+def one_output(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
+    """A handler that produces one output per record (``activity.produce``) to
+    ``options.output``, under ``options.guarantee`` (the eos benchmark)."""
+    from kworkers import activity
+
+    hit = meter.hit
+    out = spec["options"]["output"]
+
+    def register(w: Worker) -> None:
+        @w.handler
+        def handle(msg: Message) -> None:
+            activity.produce(out, msg.value, key=msg.key)
+            hit()
 
     return run_worker(spec, meter, register)

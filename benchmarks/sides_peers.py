@@ -34,7 +34,9 @@ def _timeout(spec: dict[str, Any]) -> float:
 # ------------------------------------------------------------------------------ raw client
 
 
-def _raw_consumer(spec: dict[str, Any], **extra: Any) -> Any:
+def raw_consumer(spec: dict[str, Any], **extra: Any) -> Any:
+    """The raw loops' consumer: a fresh group from the earliest offset, manual commits, the
+    read-ahead cap (the storm's ceiling uses it too)."""
     from confluent_kafka import Consumer
 
     conf: dict[str, Any] = {
@@ -54,7 +56,7 @@ def raw(spec: dict[str, Any], meter: Meter, read_fields: bool = False) -> dict[s
     commit a second (``enable.auto.commit=false``), the handler called per record."""
     from confluent_kafka import KafkaException
 
-    c = _raw_consumer(spec)
+    c = raw_consumer(spec)
     hit = meter.hit
     commit = spec.get("options", {}).get("commit", True)  # False: the read-back check's canary
     deadline = time.monotonic() + _timeout(spec)
@@ -107,7 +109,7 @@ def readahead_probe(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
         doc = json.loads(text)
         samples.append((int(doc["ts"]) / 1e6, int(doc["rxmsgs"])))
 
-    c = _raw_consumer(spec, **{"statistics.interval.ms": 250, "stats_cb": stats})
+    c = raw_consumer(spec, **{"statistics.interval.ms": 250, "stats_cb": stats})
     c.subscribe([spec["topic"]])
     deadline = time.monotonic() + _timeout(spec)
     try:
@@ -131,18 +133,83 @@ def readahead_probe(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
             "confluent_kafka": confluent_kafka.version()[0]}
 
 
+def raw_eos(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
+    """The hand-written exactly-once loop at best: ``consume(500)``, one output produced per
+    record by a transactional producer, and once a second ``send_offsets_to_transaction`` with
+    the consumer's group metadata and ``commit_transaction`` (KIP-447), on one thread."""
+    import uuid
+
+    from confluent_kafka import Producer, TopicPartition
+
+    c = raw_consumer(spec, **{"isolation.level": "read_committed"})
+    p = Producer({"bootstrap.servers": spec["bootstrap"], "log_level": 3, "linger.ms": 5,
+                  "transactional.id": f"bench-raw-eos-{uuid.uuid4().hex[:8]}"})
+    p.init_transactions(30)
+    out = spec["options"]["output"]
+    hit = meter.hit
+    deadline = time.monotonic() + _timeout(spec)
+    commits = 0
+    positions: dict[tuple[str, int], int] = {}
+
+    def commit() -> None:
+        nonlocal commits
+        if positions:
+            p.send_offsets_to_transaction(
+                [TopicPartition(t, part, o) for (t, part), o in positions.items()],
+                c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+            commits += 1
+            positions.clear()
+            p.begin_transaction()
+
+    meter.start()
+    c.subscribe([spec["topic"]])
+    p.begin_transaction()
+    last_commit = time.monotonic()
+    try:
+        while not meter.done.is_set():
+            for m in c.consume(500, 0.1):
+                if m.error() is None:
+                    while True:
+                        try:
+                            p.produce(out, m.value(), m.key())
+                            break
+                        except BufferError:
+                            p.poll(0.01)
+                    positions[(m.topic(), m.partition())] = m.offset() + 1
+                    hit()
+            p.poll(0)
+            now = time.monotonic()
+            if now - last_commit >= 1.0:
+                last_commit = now
+                commit()
+            if now > deadline:
+                meter.wait(0)  # raises: too slow
+        commit()
+        p.abort_transaction(30)  # the empty one begun after the last commit
+    finally:
+        c.close()
+    return {"commits": commits}
+
+
 # ------------------------------------------------------------------------------ quixstreams
 
 
 def quix(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
     """quixstreams ``Application`` + ``StreamingDataFrame.update``; values as bytes (no JSON
     decoding, as kworkers hands over bytes). ``commit_interval=1.0`` (default 5 s); the
-    read-ahead cap goes in ``consumer_extra_config``. Quix polls one record per ``poll()``."""
+    read-ahead cap goes in ``consumer_extra_config``. Quix polls one record per ``poll()``.
+    With ``options.output`` (the eos benchmark) each record is also produced there
+    (``StreamingDataFrame.to_topic``) under ``processing_guarantee`` = ``options.guarantee``
+    (``exactly-once`` or ``at-least-once``)."""
     import logging
 
     from quixstreams import Application
 
     hit = meter.hit
+    options = spec.get("options", {})
+    extra = ({"processing_guarantee": options.get("guarantee", "exactly-once")}
+             if "output" in options else {})
     with tempfile.TemporaryDirectory(prefix="kw-bench-quix-") as state_dir:
         app = Application(
             broker_address=spec["bootstrap"],
@@ -152,10 +219,14 @@ def quix(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
             consumer_extra_config=_cap(spec),
             loglevel=logging.WARNING,
             state_dir=state_dir,
+            **extra,
         )
         topic = app.topic(spec["topic"], value_deserializer="bytes", key_deserializer="bytes")
         sdf = app.dataframe(topic=topic)
-        sdf.update(lambda _value: hit())
+        sdf = sdf.update(lambda _value: hit())
+        if "output" in options:
+            sdf.to_topic(app.topic(options["output"], value_serializer="bytes",
+                                   key_serializer="bytes"))
         stop_when_done(meter, app.stop, _timeout(spec))
         meter.start()
         app.run()

@@ -58,9 +58,9 @@ def main(mode: Mode, profile: bool = False) -> None:
     with kafka() as bs:
         cmp = Comparison.on_new_topic(bs, "tput", n, PARTITIONS, VALUE_SIZE)
         if profile:
-            from benchmarks.profile import profile_kworkers
+            from benchmarks.profile import profile_side
 
-            profile_kworkers(cmp)
+            profile_side(cmp, Side("kworkers", "kworkers (sync no-op)"))
             return
         ra = cmp.measure_read_ahead(sys.executable)
         ra_default = cmp.measure_read_ahead(sys.executable, capped=False)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         is_non_retryable,
     )
     from kworkers.message import Message
+    from kworkers.pace.limit import RateLimit
     from kworkers.retry_tiers.policy import RetryPolicy
     from kworkers.retry_tiers.tiers import TierLadder
     from kworkers.worker import Worker
@@ -49,6 +50,7 @@ _WHERE = {
     "KworkersError": "kworkers.errors",
     "Message": "kworkers.message",
     "NonRetryableError": "kworkers.errors",
+    "RateLimit": "kworkers.pace.limit",
     "RetryPolicy": "kworkers.retry_tiers.policy",
     "RetryableError": "kworkers.errors",
     "TierLadder": "kworkers.retry_tiers.tiers",
@@ -73,6 +75,7 @@ __all__ = [
     "KworkersError",
     "Message",
     "NonRetryableError",
+    "RateLimit",
     "RetryPolicy",
     "RetryableError",
     "TierLadder",

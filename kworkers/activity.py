@@ -1,15 +1,21 @@
 """The activity context a handler reads: its idempotency key, attempt and heartbeat checkpoint.
 
     from kworkers import activity
-    activity.idempotency_key()   # "<workflow_id>/<activity_id>", the same on every attempt
+    activity.idempotency_key()   # the same on every attempt (see below)
     activity.attempt()           # 1 on first delivery, +1 per retry, 1 again after a redrive
     activity.heartbeat_details() # bytes from the last heartbeat of an earlier attempt, or None
     activity.record_heartbeat(b"ckpt-3")  # checkpoint; also extends the message deadline
     activity.key_of(msg)         # in a batch handler: the key of one record of the batch
+    activity.produce("charges", value, key=b"order-42")  # an output (see below)
 
-The key comes from the record, never from the attempt, the worker or the offset: the ids travel
-in the Avro task envelope (when the worker has a codec) or in ``kw-workflow-id`` /
-``kw-activity-id`` headers. With an ``IdempotencyStore`` the invoker claims the key with a lease
+The key comes from the record, never from the attempt or the worker:
+``"<workflow_id>/<activity_id>"`` when the record carries ids (in the Avro task envelope when
+the worker has a codec, or in ``kw-workflow-id`` / ``kw-activity-id`` headers: ``id_headers``
+makes them); else the place where the work first entered Kafka,
+``"<topic>@<topic_id>/<partition>/<offset>"``, carried through the retry tiers, the DLQ and a
+redrive (``kworkers.record_key``). A worker made with ``require_ids=True`` refuses records
+without ids instead (``MissingActivityIds``, to the DLQ).
+With an ``IdempotencyStore`` the invoker claims the key with a lease
 before the handler runs: a key already done is skipped (the redelivery is absorbed), a key
 leased by a live attempt elsewhere is retried later, an expired lease is taken over with the
 last heartbeat details. The handler's effect must itself be keyed (a unique constraint, or
@@ -26,15 +32,19 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kworkers.clock import Clock, SystemClock
+from kworkers.consumer.outputs import Output, current_sink
 from kworkers.consumer.partition import Lane
 from kworkers.consumer.runner import current_lane
-from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers
+from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers, ids_to_headers
 from kworkers.errors import BatchError, ConfigError, DecodeError, FencedError, RetryableError
 from kworkers.idempotency.store import ClaimState, IdempotencyStore
-from kworkers.message import Message
+from kworkers.message import Headers, Message
+from kworkers.payloads.serde import Serializer, serialize
+from kworkers.record_key import RecordKeys, bound
 
 _UNSET: Any = object()
 
@@ -43,14 +53,16 @@ class _Context:
     """One attempt's context; the key and the lane hooks are worked out only when asked for,
     so a handler that never calls into ``activity`` pays almost nothing per record."""
 
-    __slots__ = ("attempt", "details", "heartbeats", "invoker", "key", "lane", "msg", "task",
-                 "token")
+    __slots__ = ("attempt", "details", "heartbeats", "invoker", "key", "keys", "lane", "msg",
+                 "task", "token")
 
-    def __init__(self, msg: Message, invoker: ActivityInvoker | None, key: str | None = _UNSET,
-                 task: ActivityTask | None = None, details: bytes | None = None,
-                 token: int | None = None, attempt: int | None = None) -> None:
+    def __init__(self, msg: Message, invoker: ActivityInvoker, keys: RecordKeys | None,
+                 key: str | None = _UNSET, task: ActivityTask | None = None,
+                 details: bytes | None = None, token: int | None = None,
+                 attempt: int | None = None) -> None:
         self.msg = msg
         self.invoker = invoker
+        self.keys = keys
         self.key = key
         self.task = task
         self.details = details
@@ -67,11 +79,13 @@ _current: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
 class _Batch:
     """A batch handler's context: keys of the batch's records, worked out when claimed."""
 
-    __slots__ = ("invoker", "keys")
+    __slots__ = ("invoker", "keys", "record_keys")
 
-    def __init__(self, invoker: ActivityInvoker, keys: dict[Message, str | None]) -> None:
+    def __init__(self, invoker: ActivityInvoker, keys: dict[Message, str | None],
+                 record_keys: RecordKeys | None) -> None:
         self.invoker = invoker
         self.keys = keys
+        self.record_keys = record_keys
 
 
 _batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
@@ -88,37 +102,51 @@ def _ctx() -> _Context:
     return ctx
 
 
+def _missing_ids() -> DecodeError:
+    return DecodeError(
+        "this record carries no activity ids, which this worker requires (require_ids=True): "
+        "send an Avro task envelope or the kw-workflow-id and kw-activity-id headers "
+        "(kworkers.activity.id_headers)", type="MissingActivityIds")
+
+
 def key_of(msg: Message) -> str:
     """The idempotency key of ``msg``: for batch handlers, which see many records at once (the
-    same ``<workflow_id>/<activity_id>`` a single-record handler reads with
-    ``idempotency_key()``). DecodeError when the record carries no activity ids."""
+    same key a single-record handler reads with ``idempotency_key()``)."""
     b = _batch.get()
-    key = b.keys.get(msg) if b is not None else None
+    if b is not None:
+        key = b.keys.get(msg)
+        if key is None:
+            key = b.invoker._prepare(msg, b.record_keys)[0]
+    else:  # from a single-record handler: keyed like its own record
+        ctx = _ctx()
+        key = ctx.invoker._prepare(msg, ctx.keys)[0]
     if key is None:
-        inv = b.invoker if b is not None else None
-        key = inv._prepare(msg)[0] if inv is not None else _header_key(msg)
-    if key is None:
-        raise DecodeError(
-            "this record carries no activity ids: send an Avro task envelope or the "
-            "kw-workflow-id and kw-activity-id headers", type="MissingActivityIds")
+        raise _missing_ids()
     return key
 
 
-def _header_key(msg: Message) -> str | None:
-    ids = ids_from_headers(msg.headers)
-    return f"{ids[0]}/{ids[1]}" if ids else None
-
-
 def idempotency_key() -> str:
+    """The record's key: ``"<workflow_id>/<activity_id>"`` when it carries ids, else where its
+    work first entered Kafka, ``"<topic>@<topic_id>/<partition>/<offset>"``; the same on every
+    attempt, through the retry tiers, the DLQ and a redrive. ``MissingActivityIds`` only from
+    a worker made with ``require_ids=True``."""
     ctx = _ctx()
     if ctx.key is _UNSET:
-        ids = ids_from_headers(ctx.msg.headers)
-        ctx.key = f"{ids[0]}/{ids[1]}" if ids else None
+        ctx.key = ctx.invoker._prepare(ctx.msg, ctx.keys)[0]
     if ctx.key is None:
-        raise DecodeError(
-            "this record carries no activity ids: send an Avro task envelope or the "
-            "kw-workflow-id and kw-activity-id headers", type="MissingActivityIds")
+        raise _missing_ids()
     return str(ctx.key)
+
+
+def id_headers(workflow_id: str, activity_id: str) -> Headers:
+    """The headers that give a record explicit ids, for a producer that sends plain records::
+
+        producer.produce("orders", value, headers=activity.id_headers("order-42", "charge"))
+
+    The key is then ``"order-42/charge"`` however often (and wherever) the record is produced:
+    a retried send from the producer side is absorbed too, which a record's coordinates
+    cannot do. Neither id may be empty or contain ``/``."""
+    return ids_to_headers(workflow_id, activity_id)
 
 
 def attempt() -> int:
@@ -154,6 +182,59 @@ def record_heartbeat(details: bytes) -> None:
         lane.touch()  # extends the per-message deadline
 
 
+def produce(topic: str, value: Any, key: Any = None,
+            headers: dict[str, str | bytes] | Headers | None = None, *,
+            record: Message | None = None) -> None:
+    """Produces a record to ``topic`` as an output of the handler call under way: sent only if
+    the call succeeds, and the record it belongs to completes only once it is durable (see the
+    module doc). ``value`` and ``key``: bytes, str (UTF-8), None, or anything the worker's
+    ``value_serializer`` / ``key_serializer`` takes (serialized now, so a value its schema
+    refuses fails this attempt). In a batch handler ``record=`` names the record of the batch
+    an output belongs to; without it the output is the batch's."""
+    sink = current_sink.get()
+    if sink is None:
+        raise RuntimeError("activity.produce: no handler call under way (call it from inside "
+                           "a kworkers handler)")
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"activity.produce: topic must be a topic name, got {topic!r}")
+    hs = _headers(headers)
+    ctx: _Context | _Batch | None = _current.get() or _batch.get()
+    ser = ctx.invoker.serializers if ctx is not None else (None, None)
+    sink.add(Output(topic, _bytes(key, "key", topic, hs, ser[1]),
+                    _bytes(value, "value", topic, hs, ser[0]), hs, record))
+
+
+def _bytes(obj: Any, field: str, topic: str, headers: Headers,
+           serializer: Serializer | None) -> bytes | None:
+    if obj is None or isinstance(obj, bytes):
+        return obj
+    if serializer is not None:
+        return serialize(serializer, obj, topic, "key" if field == "key" else "value", headers)
+    if isinstance(obj, str):
+        return obj.encode()
+    if isinstance(obj, (bytearray, memoryview)):
+        return bytes(obj)
+    raise TypeError(f"activity.produce: the {field} is a {type(obj).__name__}: give bytes or "
+                    f"str, or make the worker with {field}_serializer=... to produce objects")
+
+
+def _headers(headers: dict[str, str | bytes] | Headers | None) -> Headers:
+    if not headers:
+        return ()
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    out: list[tuple[str, bytes]] = []
+    for name, v in pairs:
+        if not isinstance(name, str):
+            raise TypeError(f"activity.produce: header names are str, got {name!r}")
+        if isinstance(v, str):
+            v = v.encode()
+        elif not isinstance(v, bytes):
+            raise TypeError(f"activity.produce: header {name!r} is a {type(v).__name__}: "
+                            "give bytes or str")
+        out.append((name, v))
+    return tuple(out)
+
+
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -163,7 +244,7 @@ class ActivityInvoker:
 
     def __init__(self, store: IdempotencyStore | None = None, codec: EnvelopeCodec | None = None,
                  lease_s: float = 30.0, clock: Clock | None = None,
-                 busy_retry: bool = True) -> None:
+                 busy_retry: bool = True, require_ids: bool = False) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s: must be > 0, got {lease_s}")
         self.store = store
@@ -172,17 +253,31 @@ class ActivityInvoker:
         self.clock = clock or SystemClock()
         self.owner = _owner()
         self.busy_retry = busy_retry
+        #: records without ids are refused (``MissingActivityIds``) instead of keyed by origin
+        self.require_ids = require_ids
+        #: what ``produce`` turns objects into bytes with: (value, key)
+        self.serializers: tuple[Serializer | None, Serializer | None] = (None, None)
         self.skipped = 0
         self._plain = store is None and codec is None
         self._last_handler: Callable[[Message], Any] | None = None
         self._last_async = False
 
-    def _prepare(self, msg: Message) -> tuple[str | None, ActivityTask | None]:
+    def _prepare(self, msg: Message, keys: RecordKeys | None
+                 ) -> tuple[str | None, ActivityTask | None]:
+        """(key, task): None for the key only when ids are required and missing."""
         if self.codec is not None:
             t = self.codec.decode(msg.value)  # DecodeError: non-retryable, to the DLQ
             return t.idempotency_key, t
         ids = ids_from_headers(msg.headers)
-        return (f"{ids[0]}/{ids[1]}" if ids else None), None
+        if ids:
+            return f"{ids[0]}/{ids[1]}", None
+        if self.require_ids:
+            return None, None
+        if keys is None:
+            raise RuntimeError("a record without ids is keyed by where it was first read, "
+                               "which only the Worker that consumed it knows: run this "
+                               "invoker inside a Worker (or give records ids)")
+        return keys.key(msg), None
 
     def _claim(self, key: str | None) -> tuple[int | None, bytes | None, bool, bool]:
         """(token, details, skip, takeover)."""
@@ -196,25 +291,34 @@ class ActivityInvoker:
             raise RetryableError("LeaseBusy", f"{key} is being worked on by a live attempt")
         return claim.token, claim.details, False, claim.takeover
 
-    def _context(self, msg: Message, key: str | None, t: ActivityTask | None, token: int | None,
-                  details: bytes | None, takeover: bool) -> _Context:
-        return _Context(msg, self, key, t, details, token,
+    def _context(self, msg: Message, keys: RecordKeys | None, key: str | None,
+                 t: ActivityTask | None, token: int | None, details: bytes | None,
+                 takeover: bool) -> _Context:
+        return _Context(msg, self, keys, key, t, details, token,
                         msg.attempt + (1 if takeover else 0))
 
     def _done(self, ctx: _Context, ok: bool) -> None:
         if self.store is None or ctx.key is None or ctx.key is _UNSET or ctx.token is None:
             return
-        if ok:
-            try:
-                self.store.complete(ctx.key, ctx.token, self.clock.now())
-            except FencedError:
-                # The handler marked the key done itself (``apply_once`` in the store's
-                # transaction bumps the token): the effect is committed, nothing is left to
-                # complete. Failing the record here would only send it through a retry tier.
-                if not self.store.is_done(ctx.key):
-                    raise
-        else:
+        if not ok:
             self.store.release(ctx.key, ctx.token)
+            return
+        sink = current_sink.get()
+        if sink is not None and sink.outputs:  # done only once its outputs are durable
+            sink.after.append(partial(self._complete, str(ctx.key), ctx.token))
+        else:
+            self._complete(str(ctx.key), ctx.token)
+
+    def _complete(self, key: str, token: int) -> None:
+        assert self.store is not None
+        try:
+            self.store.complete(key, token, self.clock.now())
+        except FencedError:
+            # The handler marked the key done itself (``apply_once`` in the store's
+            # transaction bumps the token): the effect is committed, nothing is left to
+            # complete. Failing the record here would only send it through a retry tier.
+            if not self.store.is_done(key):
+                raise
 
     def _is_async(self, handler: Callable[..., Any]) -> bool:
         if handler is not self._last_handler:
@@ -223,23 +327,24 @@ class ActivityInvoker:
         return self._last_async
 
     def __call__(self, handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
+        keys = bound()  # the worker's, read here: a coroutine below runs after this returns
         if isinstance(msg, list):
             if self._is_async(handler):
-                return self._call_batch_async(handler, msg)
-            return self._call_batch(handler, msg)
+                return self._call_batch_async(handler, msg, keys)
+            return self._call_batch(handler, msg, keys)
         if self._plain:
-            # No store, no codec: only the context (the key is read lazily from headers).
+            # No store, no codec: only the context (the key is worked out when asked for).
             if self._is_async(handler):
-                return self._call_plain_async(handler, msg)
-            _current.set(_Context(msg, self))
+                return self._call_plain_async(handler, msg, keys)
+            _current.set(_Context(msg, self, keys))
             return handler(msg)
         if self._is_async(handler):
-            return self._call_async(handler, msg)
-        key, t = self._prepare(msg)
+            return self._call_async(handler, msg, keys)
+        key, t = self._prepare(msg, keys)
         token, details, skip, takeover = self._claim(key)
         if skip:
             return None
-        ctx = self._context(msg, key, t, token, details, takeover)
+        ctx = self._context(msg, keys, key, t, token, details, takeover)
         reset = _current.set(ctx)
         try:
             result = handler(msg)
@@ -253,7 +358,7 @@ class ActivityInvoker:
 
     # ------------------------------------------------------------------ batches
 
-    def _claim_batch(self, msgs: list[Message]) -> tuple[
+    def _claim_batch(self, msgs: list[Message], record_keys: RecordKeys | None) -> tuple[
             list[Message], dict[Message, str | None], dict[Message, tuple[str, int]],
             dict[Message, BaseException]]:
         """(records to run, keys, claims held, records failed before running). A record whose
@@ -264,7 +369,7 @@ class ActivityInvoker:
         failed: dict[Message, BaseException] = {}
         for m in msgs:
             try:
-                key, _task = self._prepare(m)
+                key, _task = self._prepare(m, record_keys)
                 keys[m] = key
                 token, _details, skip, _takeover = self._claim(key)
             except Exception as exc:
@@ -287,24 +392,36 @@ class ActivityInvoker:
             failed.update({m: e for m, e in named.items() if m in ran})
         store = self.store
         if store is not None:
-            now = self.clock.now()
+            done: list[tuple[str, int]] = []
             for m, (key, token) in claims.items():
                 if m in failed:
                     store.release(key, token)
                 else:
-                    store.complete(key, token, now)
+                    done.append((key, token))
+            sink = current_sink.get()
+            if sink is not None and sink.outputs:  # done only once the outputs are durable
+                sink.after.append(partial(self._complete_many, done))
+            else:
+                self._complete_many(done)
         if failed:
             raise BatchError(failed)
 
-    def _call_batch(self, handler: Callable[..., Any], msgs: list[Message]) -> Any:
+    def _complete_many(self, done: list[tuple[str, int]]) -> None:
+        assert self.store is not None
+        now = self.clock.now()
+        for key, token in done:
+            self.store.complete(key, token, now)
+
+    def _call_batch(self, handler: Callable[..., Any], msgs: list[Message],
+                    record_keys: RecordKeys | None) -> Any:
         if self._plain:
-            reset = _batch.set(_Batch(self, {}))
+            reset = _batch.set(_Batch(self, {}, record_keys))
             try:
                 return handler(msgs)
             finally:
                 _batch.reset(reset)
-        run, keys, claims, failed = self._claim_batch(msgs)
-        reset = _batch.set(_Batch(self, keys))
+        run, keys, claims, failed = self._claim_batch(msgs, record_keys)
+        reset = _batch.set(_Batch(self, keys, record_keys))
         err: BaseException | None = None
         try:
             if run:
@@ -316,12 +433,14 @@ class ActivityInvoker:
         self._settle_batch(run, claims, failed, err)
         return None
 
-    async def _call_batch_async(self, handler: Callable[..., Any], msgs: list[Message]) -> Any:
-        _batch.set(_Batch(self, {}))  # a task's own context: no reset needed
+    async def _call_batch_async(self, handler: Callable[..., Any], msgs: list[Message],
+                                record_keys: RecordKeys | None) -> Any:
+        _batch.set(_Batch(self, {}, record_keys))  # a task's own context: no reset needed
         if self._plain:
             return await handler(msgs)
-        run, keys, claims, failed = await asyncio.to_thread(self._claim_batch, msgs)
-        _batch.set(_Batch(self, keys))
+        run, keys, claims, failed = await asyncio.to_thread(self._claim_batch, msgs,
+                                                            record_keys)
+        _batch.set(_Batch(self, keys, record_keys))
         err: BaseException | None = None
         try:
             if run:
@@ -333,16 +452,23 @@ class ActivityInvoker:
 
     # ------------------------------------------------------------------ single records
 
-    async def _call_plain_async(self, handler: Callable[[Message], Any], msg: Message) -> Any:
-        _current.set(_Context(msg, self))  # a task's own context: no reset needed
+    async def _call_plain_async(self, handler: Callable[[Message], Any], msg: Message,
+                                keys: RecordKeys | None) -> Any:
+        _current.set(_Context(msg, self, keys))  # a task's own context: no reset needed
         return await handler(msg)
 
-    async def _call_async(self, handler: Callable[[Message], Any], msg: Message) -> Any:
-        key, t = self._prepare(msg)
-        token, details, skip, takeover = await asyncio.to_thread(self._claim, key)
+    def _prepare_and_claim(self, msg: Message, keys: RecordKeys | None) -> tuple[
+            str | None, ActivityTask | None, tuple[int | None, bytes | None, bool, bool]]:
+        key, t = self._prepare(msg, keys)  # may read a topic id or the DLQ: off the loop
+        return key, t, self._claim(key)
+
+    async def _call_async(self, handler: Callable[[Message], Any], msg: Message,
+                          keys: RecordKeys | None) -> Any:
+        key, t, claimed = await asyncio.to_thread(self._prepare_and_claim, msg, keys)
+        token, details, skip, takeover = claimed
         if skip:
             return None
-        ctx = self._context(msg, key, t, token, details, takeover)
+        ctx = self._context(msg, keys, key, t, token, details, takeover)
         reset = _current.set(ctx)
         try:
             result = await handler(msg)

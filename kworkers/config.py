@@ -8,19 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from kworkers.clock import Seconds
 from kworkers.consumer.batching import BatchPolicy
 from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.consumer.commit import CommitPolicy
+from kworkers.consumer.settings import LoopSettings, Ordering
 from kworkers.errors import ConfigError
-from kworkers.kafka.settings import ClientSettings, Prop, is_security_key
+from kworkers.kafka.settings import (
+    DEFAULT_BOOTSTRAP,
+    ClientSettings,
+    Prop,
+    is_security_key,
+    owned_in,
+)
+from kworkers.pace.limit import RateLimit
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.topic_names import is_derived, retry_group
 
-Ordering = Literal["partition", "key"]
 #: where sync handlers run: a thread pool (the default: a handler never blocks the poll loop), or
 #: the poll thread itself (opt-in, for fast handlers: no hand-over between threads)
 Execution = Literal["threads", "inline"]
@@ -28,35 +36,34 @@ GroupProtocol = Literal["classic", "consumer"]
 #: "partition": a consumer group (order per partition or key; members up to the partitions);
 #: "share": a share group (KIP-932; no order, members beyond the partitions; docs/SHARE_GROUPS.md)
 Mode = Literal["partition", "share"]
+#: what a record's Kafka outputs and hand-offs get: "at_least_once" (acknowledged before the
+#: record completes; a crash in between sends them again) or "exactly_once" (committed in one
+#: Kafka transaction with the record's offset; docs/RELIABILITY.md)
+Guarantee = Literal["at_least_once", "exactly_once"]
 
-# Settings kworkers owns: a user's consumer_config may not override them, because the
-# guarantees rest on them (commit only after durable work, incremental rebalancing).
-_OWNED_CONSUMER_KEYS = frozenset({
-    "group.id", "bootstrap.servers", "enable.auto.commit", "enable.auto.offset.store",
-    "group.protocol",
-})
 # Not client settings under KIP-848: the broker's group.consumer.* configs rule.
 _CLASSIC_ONLY_KEYS = frozenset({
     "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms",
 })
 
 
-#: a hung handler call is never judged sooner than this
-MIN_STALL_BOUND_S = 60.0
+
+#: the engine's own defaults: every loop setting below defaults to what the loop does alone
+_LOOP = LoopSettings()
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     topics: tuple[str, ...]
     group_id: str
-    bootstrap_servers: str = "127.0.0.1:9092"
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
     mode: Mode = "partition"
     ordering: Ordering = "partition"
     #: handler executions at once: threads for sync handlers, tasks for async ones
-    concurrency: int = 8
+    concurrency: int = _LOOP.concurrency
     execution: Execution = "threads"
-    max_in_flight: int = 20_000
-    max_in_flight_per_partition: int = 5_000
+    max_in_flight: int = _LOOP.max_in_flight
+    max_in_flight_per_partition: int = _LOOP.max_in_flight_per_partition
     #: per-message deadline in seconds (None: no deadline); a heartbeat extends it
     message_timeout: Seconds | None = None
     commit: CommitPolicy = field(default_factory=CommitPolicy)
@@ -66,23 +73,46 @@ class WorkerConfig:
     tiers: TierLadder = field(default_factory=TierLadder)
     jitter_seed: int | None = None
     #: how long in-flight work of a revoked partition may take before its state is dropped
-    revoke_timeout: Seconds = 10.0
+    revoke_timeout: Seconds = _LOOP.revoke_timeout
     #: how long SIGTERM waits for in-flight work before committing and leaving
-    drain_timeout: Seconds = 30.0
-    #: records a retry-tier consumer holds in its timer heap before pausing (the heap may
-    #: overshoot this by one fetched batch, ``consume_batch``)
-    delay_buffer: int = 10_000
-    consume_batch: int = 500
+    drain_timeout: Seconds = _LOOP.drain_timeout
+    #: records a retry-tier consumer holds in its timer heap, split into its partitions'
+    #: shares (see ``consumer/backpressure.py`` for the bound)
+    delay_buffer: int = _LOOP.delay_buffer
+    consume_batch: int = _LOOP.consume_batch
     #: failed attempts handed off and not yet acknowledged by the broker, per loop; more and
     #: the lanes wait (every one of them holds its offset's commit until acknowledged)
-    handoff_limit: int = 10_000
+    handoff_limit: int = _LOOP.handoff_limit
     #: a circuit breaker that stops starting records while a dependency is down (None: off)
     breaker: BreakerPolicy | None = None
+    #: how fast records may start, for the pool or per process (None: as fast as they go;
+    #: ``kworkers.pace``)
+    rate_limit: RateLimit | None = None
     #: how a batch handler's batches are cut (unused by single-record handlers)
     batch: BatchPolicy = field(default_factory=BatchPolicy)
     #: create missing retry tier and DLQ topics at start (sized like their source topic) when
     #: the cluster lets the worker; off: they must exist (``kworkers topics create``)
     auto_create_topics: bool = True
+    #: an assigned partition with lag and nothing running or holding it that makes no progress
+    #: this long is stalled: /readyz 503, and /healthz 503 (the worker stops) after three
+    #: times as long (None: two deadlines, ten commit intervals, at least 60 s)
+    stall_timeout: Seconds | None = None
+    #: stop starting records and committing once the group coordinator was silent for the
+    #: session timeout less ``fence_margin`` (``kworkers.consumer.fencing``); off: a member cut
+    #: off from its group goes on running records its partitions' next owner runs too
+    self_fencing: bool = _LOOP.self_fencing
+    #: how long before the session would expire the member fences itself (None: a fifth of
+    #: the session, at least 1 s; it must stay below the session timeout)
+    fence_margin: Seconds | None = _LOOP.fence_margin
+    guarantee: Guarantee = "at_least_once"
+    #: exactly once: how long the broker keeps a transaction open without word from its
+    #: producer (a worker killed mid-transaction holds its records' read_committed readers
+    #: and its partitions' next owner this long at most)
+    transaction_timeout: Seconds = 10.0
+    #: exactly once: a stable name for this worker instance (a StatefulSet pod's name), from
+    #: which its transactional ids derive, so a restarted instance fences its earlier
+    #: incarnation and ends the transaction it left open at once (None: unique per process)
+    transactional_id: str | None = None
     #: librdkafka properties of every client the worker makes (its consumers, hand-off
     #: producer and admin client): security.*, sasl.*, ssl.* and any shared override
     client_config: Mapping[str, Prop] = field(default_factory=dict, repr=False)
@@ -116,6 +146,20 @@ class WorkerConfig:
             raise ConfigError("execution: share mode runs handlers on its lanes, whose deadline "
                               "keeps each record inside its acquisition lock; 'inline' is not "
                               "supported with mode='share' yet")
+        if self.guarantee not in ("at_least_once", "exactly_once"):
+            raise ConfigError(f"guarantee: 'at_least_once' or 'exactly_once', got "
+                              f"{self.guarantee!r}")
+        if self.guarantee == "exactly_once" and self.mode == "share":
+            raise ConfigError("guarantee: a share group has no offsets to commit in a "
+                              "transaction, so share mode is at least once; use "
+                              "mode='partition' for exactly_once")
+        if not self.transaction_timeout > 0:
+            raise ConfigError(f"transaction_timeout: must be > 0 s, got "
+                              f"{self.transaction_timeout!r}")
+        if self.transactional_id is not None and not (
+                isinstance(self.transactional_id, str) and self.transactional_id.strip()):
+            raise ConfigError(f"transactional_id: a non-empty name or None, got "
+                              f"{self.transactional_id!r}")
         if self.group_protocol not in ("classic", "consumer"):
             raise ConfigError(
                 f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")
@@ -129,13 +173,25 @@ class WorkerConfig:
         for name in ("revoke_timeout", "drain_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0 s")
+        if self.fence_margin is not None and not self.fence_margin > 0:
+            raise ConfigError(f"fence_margin: must be > 0 s (and below the session timeout) "
+                              f"or None, got {self.fence_margin!r}")
+        if self.stall_timeout is not None and not self.stall_timeout > 0:
+            raise ConfigError(f"stall_timeout: must be > 0 s or None, got {self.stall_timeout!r}")
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise ConfigError(f"breaker: a BreakerPolicy or None, got {self.breaker!r}")
+        if self.rate_limit is not None:
+            if not isinstance(self.rate_limit, RateLimit):
+                raise ConfigError(f"rate_limit: a RateLimit or None, got {self.rate_limit!r}")
+            if self.execution == "inline":
+                raise ConfigError("execution='inline' runs handlers on the poll thread, where "
+                                  "nothing may wait for a token: rate_limit needs 'threads'")
         if not isinstance(self.batch, BatchPolicy):
             raise ConfigError(f"batch: a BatchPolicy, got {self.batch!r}")
-        owned = _OWNED_CONSUMER_KEYS & set(self.consumer_config)
-        if owned:
-            raise ConfigError(f"consumer_config: {sorted(owned)} are set by kworkers itself")
+        for name in ("consumer_config", "producer_config"):
+            owned = owned_in(getattr(self, name))
+            if owned:
+                raise ConfigError(f"{name}: {owned} are set by kworkers itself")
         for name in ("consumer_config", "producer_config"):
             security = sorted(k for k in getattr(self, name) if is_security_key(k))
             if security:
@@ -157,26 +213,23 @@ class WorkerConfig:
         """Where the cluster is and how every client of the worker connects to it."""
         return ClientSettings.of(self.bootstrap_servers, self.client_config)
 
-    def started_work_bound(self) -> float:
-        """How long a graceful stop waits for handler calls already started: their deadline
-        when there is one, never more than ``drain_timeout`` (queued records are not waited
-        for: the next owner reads them again)."""
-        if self.message_timeout is None:
-            return self.drain_timeout
-        return min(self.drain_timeout, self.message_timeout)
-
-    def stall_bound(self) -> float | None:
-        """A handler call running this long is hung (its lane moved on at the deadline, but it
-        holds a thread for good): the worker turns unhealthy and exits so a restart frees it.
-        Three deadlines, at least a minute; no deadline, no bound."""
-        if self.message_timeout is None:
-            return None
-        return max(3 * self.message_timeout, MIN_STALL_BOUND_S)
+    @cached_property
+    def loop(self) -> LoopSettings:
+        """What the poll loops need of these settings (the engine reads nothing else)."""
+        return LoopSettings(
+            ordering=self.ordering, concurrency=self.concurrency,
+            consume_batch=self.consume_batch, max_in_flight=self.max_in_flight,
+            max_in_flight_per_partition=self.max_in_flight_per_partition,
+            delay_buffer=self.delay_buffer, handoff_limit=self.handoff_limit,
+            commit=self.commit, message_timeout=self.message_timeout,
+            revoke_timeout=self.revoke_timeout, drain_timeout=self.drain_timeout,
+            stall_timeout=self.stall_timeout, self_fencing=self.self_fencing,
+            fence_margin=self.fence_margin)
 
     def leave_bound(self) -> float:
-        """The longest a graceful stop takes: started work, then the last commit (which polls
-        through a rebalance in progress for up to ``revoke_timeout``)."""
-        return self.started_work_bound() + self.revoke_timeout
+        """The longest a graceful stop takes (``LoopSettings.leave_bound``): what the rendered
+        Deployment's grace period follows."""
+        return self.loop.leave_bound()
 
     @property
     def retry_group_id(self) -> str:

@@ -43,6 +43,27 @@ class FencedError(KworkersError):
     """Work for a partition this worker no longer owns (or owns under a newer assignment)."""
 
 
+class TransactionAborted(KworkersError):
+    """A Kafka transaction was aborted: nothing of it is visible to read_committed readers,
+    so running it again is safe. ``fenced``: the broker refused it because this member or
+    producer is no longer the owner (a stale group generation, another producer's epoch)."""
+
+    def __init__(self, message: str, *, fenced: bool = False) -> None:
+        super().__init__(message)
+        self.fenced = fenced
+
+
+class TransactionFailed(KworkersError):
+    """A Kafka transaction cannot go on (fenced by another producer with the same id, timed
+    out, or refused for good): whether it committed is unknown until its transactional id is
+    taken over and the group's committed offsets are read; ``str()`` says why, ``fenced``
+    whether it was a fence."""
+
+    def __init__(self, message: str, *, fenced: bool = False) -> None:
+        super().__init__(message)
+        self.fenced = fenced
+
+
 class WorkerFailed(KworkersError):
     """A thread or a lane of the worker failed: it stopped (committing only finished work) so
     that a restart moves its partitions to a member that works."""
@@ -103,6 +124,11 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             stack.append(cur.__cause__)
         if cur.__context__ is not None and not cur.__suppress_context__:
             stack.append(cur.__context__)
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it (causes, contexts, groups), outermost first."""
+    return _chain(exc)
 
 
 def find_failure(exc: BaseException) -> ActivityFailure | None:

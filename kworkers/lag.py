@@ -25,8 +25,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kworkers.errors import ConfigError
+from kworkers.topic_names import topic_order
 
 ResetPolicy = Literal["latest", "earliest"]
+
+#: The policy kworkers renders (``kworkers deploy render``'s ScaledObject) and every reading of
+#: lag assumes unless told otherwise (``kworkers lag``, the console): the worker's consumers
+#: start a partition with no commit from its earliest offset, so the whole log is ahead of
+#: them, and an empty partition never committed on (a retry tier nothing failed into yet) is
+#: lag 0. Under KEDA's own default (``latest``) that partition would count 1, and every empty
+#: tier would read as a due retry.
+RENDERED_RESET_POLICY: ResetPolicy = "earliest"
 
 #: At most this many records are read per tier partition to count the waiting ones.
 WAITING_SCAN_LIMIT = 10_000
@@ -35,7 +44,7 @@ WAITING_SCAN_LIMIT = 10_000
 def partition_lag(
     latest: int,
     committed: int | None,
-    reset_policy: ResetPolicy = "latest",
+    reset_policy: ResetPolicy = RENDERED_RESET_POLICY,
     scale_to_zero_on_invalid: bool = False,
 ) -> int:
     """One partition's lag as KEDA computes it; ``committed`` None (or < 0) = no commit."""
@@ -100,17 +109,19 @@ class GroupLag:
 def group_lag(
     group: str,
     offsets: Sequence[tuple[str, int, int, int | None]],
-    reset_policy: ResetPolicy = "latest",
+    reset_policy: ResetPolicy = RENDERED_RESET_POLICY,
     scale_to_zero_on_invalid: bool = False,
     waiting: dict[tuple[str, int], tuple[int, bool]] | None = None,
 ) -> GroupLag:
-    """``GroupLag`` from ``(topic, partition, latest, committed)`` rows, sorted.
+    """``GroupLag`` from ``(topic, partition, latest, committed)`` rows, sorted as the
+    pipeline runs (``topic_names.topic_order``: tiers by delay, not as text).
 
     ``waiting`` maps a partition to ``(records not yet due, truncated)``; it is only known
     for the retry tier group.
     """
     rows = []
-    for topic, part, latest, committed in sorted(offsets, key=lambda r: (r[0], r[1])):
+    for topic, part, latest, committed in sorted(offsets,
+                                                 key=lambda r: (topic_order(r[0]), r[1])):
         lag = partition_lag(latest, committed, reset_policy, scale_to_zero_on_invalid)
         w = None if waiting is None else waiting.get((topic, part), (0, False))
         rows.append(PartitionLag(

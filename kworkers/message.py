@@ -2,6 +2,12 @@
 
 A ``NamedTuple`` rather than a frozen dataclass on purpose: one is built per fetched record on
 the hot path, and a tuple is several times cheaper to build than a frozen dataclass.
+
+With a worker's ``value_deserializer`` / ``key_deserializer`` (``kworkers.payloads.decode``) the
+handler gets a copy whose ``value`` / ``key`` are decoded objects, the bytes as read kept in
+``raw_value`` / ``raw_key`` and ``decoded`` True; kworkers itself only ever hands off, routes
+and keys lanes by the bytes. A message hashes by its coordinates (topic, partition, offset,
+attempt), so a decoded one (its value a dict) can still key a ``BatchError``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ Headers = tuple[tuple[str, bytes], ...]
 
 
 class Message(NamedTuple):
+    # kworkers/kafka/consumer.py and share_consumer.py build it with tuple.__new__ on the hot
+    # path: a new field must be given there too (a short tuple breaks _replace and the field)
     topic: str
     partition: int
     offset: int
@@ -21,6 +29,24 @@ class Message(NamedTuple):
     timestamp_ms: int | None = None
     #: 1 on first delivery, +1 per retry tier hop; 1 again after a redrive.
     attempt: int = 1
+    #: the key and value bytes as read, when a deserializer decoded ``key`` / ``value``
+    raw_key: bytes | None = None
+    raw_value: bytes | None = None
+    #: True when ``key`` / ``value`` were decoded by the worker's deserializers
+    decoded: bool = False
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.partition, self.offset, self.attempt))
+
+    @property
+    def value_bytes(self) -> bytes | None:
+        """The value as read from Kafka, decoded or not."""
+        return self.raw_value if self.decoded else self.value
+
+    @property
+    def key_bytes(self) -> bytes | None:
+        """The key as read from Kafka, decoded or not."""
+        return self.raw_key if self.decoded else self.key
 
     def header(self, name: str) -> bytes | None:
         """The last value of header ``name`` (Kafka allows repeats; the last one wins)."""

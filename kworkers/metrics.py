@@ -30,19 +30,28 @@ MetricName = Literal[
     "kworkers_retries_total",
     "kworkers_dead_letters_total",
     "kworkers_retry_lateness_seconds",
+    "kworkers_schedule_lateness_seconds",
+    "kworkers_scheduled_records_total",
     "kworkers_in_flight_records",
     "kworkers_paused_partitions",
+    "kworkers_partition_stalled",
     "kworkers_consumer_lag",
     "kworkers_rebalances_total",
     "kworkers_commits_total",
     "kworkers_commit_failures_total",
     "kworkers_commit_uncertain_total",
     "kworkers_commits_deferred_total",
+    "kworkers_commit_timeouts_total",
+    "kworkers_member_fenced",
+    "kworkers_transactions_total",
+    "kworkers_transaction_duration_seconds",
+    "kworkers_transaction_outputs_total",
     "kworkers_handoff_failures_total",
     "kworkers_handoff_blocked",
     "kworkers_fenced_results_total",
     "kworkers_redriven_total",
     "kworkers_worker_ready",
+    "kworkers_worker_processes_ready",
     "kworkers_worker_healthy",
     "kworkers_breaker_state",
     "kworkers_breaker_transitions_total",
@@ -53,6 +62,12 @@ MetricName = Literal[
     "kworkers_share_ack_failures_total",
     "kworkers_share_redeliveries_total",
     "kworkers_share_backlog",
+    "kworkers_payload_decode_failures_total",
+    "kworkers_payload_waiting_partitions",
+    "kworkers_rate_limit_wait_seconds",
+    "kworkers_rate_limit_waiting",
+    "kworkers_rate_limit_tokens_total",
+    "kworkers_rate_limit_store_errors_total",
 ]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -67,7 +82,8 @@ class Metrics:
             "skipped)", ["group", "outcome"], registry=r)
         self.handler_duration = Histogram(
             "kworkers_handler_duration_seconds",
-            "Handler time per record, averaged over each dispatched batch",
+            "Handler time per record, every call counted (successes and failures; a batch "
+            "handler's records each count), averaged over each report of a runner",
             ["group"], buckets=LATENCY_BUCKETS, registry=r)
         self.retries = Counter(
             "kworkers_retries", "Failed attempts handed to a retry tier", ["group", "tier"],
@@ -79,15 +95,52 @@ class Metrics:
             "kworkers_retry_lateness_seconds", "How late a retry ran versus its due time",
             ["group"], buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
             registry=r)
+        self.schedule_lateness = Histogram(
+            "kworkers_schedule_lateness_seconds",
+            "How late a scheduled record was written to its destination versus its due time",
+            ["destination"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r)
+        self.scheduled_records = Counter(
+            "kworkers_scheduled_records", "Scheduled records the scheduler handled, by outcome "
+            "(delivered, moved to a closer rung, duplicate or cancelled: dropped)",
+            ["destination", "outcome"], registry=r)
         self.in_flight = Gauge(
             "kworkers_in_flight_records", "Records fetched and not yet completed", ["group"],
             registry=r)
         self.paused = Gauge(
-            "kworkers_paused_partitions", "Partitions paused by backpressure", ["group"],
-            registry=r)
+            "kworkers_paused_partitions", "Partitions paused, by reason: backpressure (each "
+            "holds its share of max_in_flight), breaker (open), draining (a graceful stop)",
+            ["group", "reason"], registry=r)
+        self.partition_stalled = Gauge(
+            "kworkers_partition_stalled", "1 while an assigned partition with lag makes no "
+            "progress with nothing running or holding it (/readyz answers 503 meanwhile)",
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
         self.lag = Gauge(
             "kworkers_consumer_lag", "High watermark minus committed position",
             ["group", "topic", "partition"], registry=r)
+        self.decode_failures = Counter(
+            "kworkers_payload_decode_failures", "Keys and values the deserializers could not "
+            "decode, by field and kind: permanent (dead-lettered: bad bytes, unknown schema id) "
+            "or transient (a failed try while the registry does not answer; the record waits)",
+            ["group", "field", "kind"], registry=r)
+        self.decode_waiting = Gauge(
+            "kworkers_payload_waiting_partitions", "Partitions whose next record waits for the "
+            "schema registry (held on purpose, not stalled)", ["group"], registry=r,
+            multiprocess_mode="livesum")
+        self.rate_wait = Histogram(
+            "kworkers_rate_limit_wait_seconds", "How long a runner waited for rate-limit "
+            "tokens before its next record could start (one observation per wait)",
+            ["group"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rate_waiting = Gauge(
+            "kworkers_rate_limit_waiting", "Runners waiting for a rate-limit token now (above "
+            "0: the pool is at its limit, and more replicas would only wait too)", ["group"],
+            registry=r, multiprocess_mode="livesum")
+        self.rate_tokens = Counter(
+            "kworkers_rate_limit_tokens", "Rate-limit tokens this replica took from its bucket "
+            "(in blocks; unspent ones expire)", ["group"], registry=r)
+        self.rate_store_errors = Counter(
+            "kworkers_rate_limit_store_errors", "Asks of the shared rate-limit bucket that "
+            "failed (no record starts until the store answers)", ["group"], registry=r)
         self.rebalances = Counter(
             "kworkers_rebalances", "Rebalance callbacks, by kind (assign, revoke, lost)",
             ["group", "kind"], registry=r)
@@ -99,6 +152,27 @@ class Metrics:
             "kworkers_commit_uncertain",
             "Commits whose outcome is unknown (permanent error after a retryable one)",
             ["group"], registry=r)
+        self.commit_timeouts = Counter(
+            "kworkers_commit_timeouts", "Commit attempts the broker did not answer within "
+            "commit.timeout_s (each counted as a retryable timeout and sent again)", ["group"],
+            registry=r)
+        self.member_fenced = Gauge(
+            "kworkers_member_fenced", "1 while the member fenced itself: its coordinator was "
+            "silent for the session timeout less the margin (no record starts, nothing is "
+            "committed; /readyz 503)", ["group"], registry=r, multiprocess_mode="livemax")
+        self.transactions = Counter(
+            "kworkers_transactions", "Exactly-once transactions by outcome: committed, aborted "
+            "(nothing visible; their outputs go into the next one), uncertain (the producer "
+            "failed mid-commit: resolved by taking its transactional id over and reading the "
+            "committed offsets), fenced (refused because this member or producer is no longer "
+            "the owner; counted beside aborted or failed)", ["group", "outcome"], registry=r)
+        self.transaction_duration = Histogram(
+            "kworkers_transaction_duration_seconds", "One exactly-once transaction, from begin "
+            "to its commit or abort", ["group"], registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.transaction_outputs = Counter(
+            "kworkers_transaction_outputs", "Records (outputs and hand-offs) committed in "
+            "exactly-once transactions", ["group"], registry=r)
         self.commit_deferred = Counter(
             "kworkers_commits_deferred", "Commits refused while the group rebalanced (the next "
             "commit carries their positions)", ["group"], registry=r)
@@ -112,12 +186,21 @@ class Metrics:
         self.fenced = Counter(
             "kworkers_fenced_results", "Results dropped for partitions no longer owned",
             ["group"], registry=r)
+        # Served for a `kworkers run --processes N` pool too, aggregated over its processes:
+        # the two flags by their lowest value (the pool is ready / healthy only when every
+        # process is), the count by its sum, so no flag reads 2.
         self.worker_ready = Gauge(
-            "kworkers_worker_ready", "1 once the worker's loops have polled (readiness)", [],
+            "kworkers_worker_ready", "1 while the worker is ready (its loops polled, nothing "
+            "degraded); for a --processes pool, 1 only while every process is", [],
+            registry=r, multiprocess_mode="livemin")
+        self.worker_processes_ready = Gauge(
+            "kworkers_worker_processes_ready", "Worker processes that are ready (1 or 0 for "
+            "one process; for a --processes pool, how many of its processes are)", [],
             registry=r, multiprocess_mode="livesum")
         self.worker_healthy = Gauge(
             "kworkers_worker_healthy", "0 once a part of the worker failed (it then stops; "
-            "see /healthz for why)", [], registry=r, multiprocess_mode="livemin")
+            "see /healthz for why); for a --processes pool, 0 once any process did", [],
+            registry=r, multiprocess_mode="livemin")
         self.breaker_state = Gauge(
             "kworkers_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
             ["group"], registry=r, multiprocess_mode="livemax")
@@ -156,6 +239,28 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def observe_many(child: Histogram, value: float, n: int) -> None:
+    """``n`` observations of ``value`` at the cost of one: a runner reports many calls at
+    once, and the hot path cannot pay a histogram update per record. prometheus-client's
+    histogram has no weighted observe; this adds ``n`` to the one bucket ``observe`` would
+    (its ``_sum``, ``_upper_bounds`` and ``_buckets``, stable across its releases), and falls
+    back to ``n`` observations where they are not there."""
+    if n <= 0:
+        return
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for _ in range(n):
+            child.observe(value)
+        return
+    total.inc(value * n)
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            buckets[i].inc(n)
+            break
+
+
 class Exposes(Protocol):
     def exposition(self) -> bytes: ...
 
@@ -174,11 +279,20 @@ class MultiProcessMetrics:
         return generate_latest(self.registry)
 
     def ready_workers(self) -> int:
+        """How many of the pool's processes are ready (``kworkers_worker_processes_ready``)."""
         total = 0.0
         for metric in self.registry.collect():
-            if metric.name == "kworkers_worker_ready":
+            if metric.name == "kworkers_worker_processes_ready":
                 total += sum(s.value for s in metric.samples)
         return int(total)
+
+
+def mark_process_dead(pid: int, directory: str) -> None:
+    """A pool's child exited: its live gauges no longer count (prometheus-client keeps the
+    counters of dead processes, as it should)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
 
 
 class MetricsServer:
@@ -187,8 +301,15 @@ class MetricsServer:
 
     def __init__(self, metrics: Exposes, port: int, host: str = "0.0.0.0",
                  ready: Callable[[], bool] = lambda: True,
-                 fault: Callable[[], object | None] = lambda: None) -> None:
+                 fault: Callable[[], object | None] = lambda: None,
+                 unready: Callable[[], object | None] | None = None) -> None:
         expo = metrics.exposition
+
+        def why_unready() -> object | None:
+            """``unready`` says why (None: ready); else ``ready`` says only whether."""
+            if unready is not None:
+                return unready()
+            return None if ready() else "not ready"
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -200,9 +321,11 @@ class MetricsServer:
                     body = b"ok\n" if why is None else f"unhealthy: {why}\n".encode()
                     ctype, code = "text/plain", 200 if why is None else 503
                 elif path == "/readyz":
-                    ok = ready()
-                    body = b"ready\n" if ok else b"not ready\n"
-                    ctype, code = "text/plain", 200 if ok else 503
+                    why_not = why_unready()
+                    body = (b"ready\n" if why_not is None else
+                            (b"not ready\n" if why_not == "not ready" else
+                             f"not ready: {why_not}\n".encode()))
+                    ctype, code = "text/plain", 200 if why_not is None else 503
                 else:
                     body, ctype, code = b"not found\n", "text/plain", 404
                 self.send_response(code)

@@ -107,15 +107,15 @@ def parse_tiers(value: object, what: str = "tiers") -> TierLadder:
         raise ConfigError(f"{what}: {exc}") from None
 
 
-def parse_rate(value: str) -> float:
+def parse_rate(value: str, what: str = "rate") -> float:
     """Records per second from ``"50"``, ``"50/s"``, ``"600/m"`` or ``"1000/h"``."""
     m = _RATE.match(value)
     if m is None:
-        raise ConfigError(f"rate: expected records per second such as 50/s, got {value!r}")
+        raise ConfigError(f"{what}: expected records per second such as 50/s, got {value!r}")
     per = {"s": 1.0, "m": 60.0, "h": 3600.0}[m[2] or "s"]
     rate = float(m[1]) / per
     if rate <= 0:
-        raise ConfigError(f"rate: must be > 0, got {value!r}")
+        raise ConfigError(f"{what}: must be > 0, got {value!r}")
     return rate
 
 
@@ -153,6 +153,12 @@ def _str(value: object, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{what}: expected non-empty text, got {value!r}")
     return value.strip()
+
+
+def _optional_str(value: object, what: str) -> str | None:
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return _str(value, what)
 
 
 def _str_list(value: object, what: str) -> tuple[str, ...]:
@@ -209,7 +215,8 @@ Parser = Callable[[object, str], Any]
 #: value). A ``WorkerConfig`` field of a type not here is a ``TypeError`` at import: a new
 #: setting cannot be added without saying how it is read.
 _BY_TYPE: list[tuple[Any, Parser]] = [
-    (str, _str), (int, _int), (int | None, _any_int), (float, _float), (bool, _bool),
+    (str, _str), (str | None, _optional_str), (int, _int), (int | None, _any_int),
+    (float, _float), (bool, _bool),
     (Seconds, parse_duration), (Seconds | None, _optional_duration),
     (tuple[str, ...], _str_list), (TierLadder, parse_tiers),
 ]

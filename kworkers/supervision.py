@@ -9,6 +9,11 @@ move to a member that works. Records are never lost by that: an unfinished recor
 committed.
 
 The first fault wins and is kept: later faults are usually its consequences.
+
+A *degraded* worker is different: it still runs, but a part of it is not doing its job for
+now (partitions stalled, see ``kworkers.consumer.stall``). That is readiness, not health:
+``/readyz`` answers 503 with the reason while it lasts, nothing stops, and it clears by itself
+when the part moves again. What lasts too long is escalated to a fault by whoever degraded it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._fault: Fault | None = None
         self._threads: list[tuple[str, Callable[[], bool]]] = []
+        self._degraded: dict[str, str] = {}
         self.failed = threading.Event()
         #: called once, from the thread that reported the first fault (the worker stops)
         self.on_fault: Callable[[Fault], None] | None = None
@@ -60,6 +66,20 @@ class Supervisor:
         self.failed.set()
         if self.on_fault is not None:
             self.on_fault(self._fault)
+
+    @property
+    def degraded(self) -> dict[str, str]:
+        """What is not doing its job right now, and why (empty: nothing)."""
+        with self._lock:
+            return dict(self._degraded)
+
+    def degrade(self, component: str, reason: str) -> None:
+        with self._lock:
+            self._degraded[component] = reason
+
+    def recover(self, component: str) -> None:
+        with self._lock:
+            self._degraded.pop(component, None)
 
     def watch(self, name: str, alive: Callable[[], bool]) -> None:
         """``alive()`` must stay True while the worker runs (a thread's ``is_alive``)."""

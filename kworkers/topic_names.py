@@ -3,6 +3,7 @@
     <topic>.retry.<label>   a retry tier of source topic <topic> (label: 500ms, 1s, 2m, 1h)
     <topic>.dlq             its dead-letter topic
     <dlq>.redriven          the redrive ledger of a DLQ
+    <dlq>.audit             who redrove it, when, what and with what result
     <group>.retry           the consumer group of a worker's retry tiers
 
 Names derive from the source topic (or group) alone, so any worker, ``kworkers lag`` and the
@@ -20,12 +21,13 @@ MAX_TOPIC = 249  # Kafka's limit on a topic name
 TIER_INFIX = ".retry."
 DLQ_SUFFIX = ".dlq"
 LEDGER_SUFFIX = ".redriven"
+AUDIT_SUFFIX = ".audit"
 RETRY_GROUP_SUFFIX = ".retry"
 
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 # (unit, milliseconds) from the longest: the label uses the longest unit that is exact.
 _UNITS = (("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1))
-_TIER_NAME = re.compile(r"^(?P<source>.+)\.retry\.[0-9]+(?:ms|s|m|h)$")
+_TIER_NAME = re.compile(r"^(?P<source>.+)\.retry\.(?P<n>[0-9]+)(?P<unit>ms|s|m|h)$")
 _DLQ_NAME = re.compile(r"^(?P<source>.+)\.dlq$")
 
 
@@ -59,6 +61,11 @@ def ledger_topic(dlq: str) -> str:
     return f"{dlq}{LEDGER_SUFFIX}"
 
 
+def audit_topic(dlq: str) -> str:
+    """Where every redrive of a DLQ writes who started it and how it ended: ``<dlq>.audit``."""
+    return f"{dlq}{AUDIT_SUFFIX}"
+
+
 def retry_group(group: str) -> str:
     """Tier topics have a group of their own, so waiting retries never count as main lag."""
     return f"{group}{RETRY_GROUP_SUFFIX}"
@@ -82,6 +89,18 @@ def source_topic_of(name: str) -> str:
     return m["source"] if m else name
 
 
+def topic_order(name: str) -> tuple[str, int, int, str]:
+    """A sort key that shows a pipeline as it runs: each source, then its tiers from the
+    shortest delay (``1s`` before ``10m``, which text order reverses), then its DLQ."""
+    if name.endswith(DLQ_SUFFIX):
+        return (source_topic_of(name), 2, 0, name)
+    m = _TIER_NAME.match(name)
+    if m is None:
+        return (name, 0, 0, name)
+    ms = int(m["n"]) * dict(_UNITS)[m["unit"]]
+    return (m["source"], 1, ms, name)
+
+
 def is_legal_topic(name: str) -> bool:
     return len(name) <= MAX_TOPIC and _LEGAL_TOPIC.fullmatch(name) is not None
 
@@ -97,6 +116,32 @@ def dlq_source(name: str) -> str | None:
         return None
     source = m["source"]
     return None if is_derived(source) else source
+
+
+def check_dlq(name: str) -> str:
+    """The source of DLQ ``name``; ``ConfigError`` (one line, naming the DLQ to use) for a
+    topic that is not one.
+
+    What the DLQ commands and the redrive accept: reading a retry tier or a source topic as
+    dead letters shows nothing true, and a redrive of one would replay records that are not
+    dead (and leave a ledger topic named after it behind).
+    """
+    if dlq_source(name) is not None:
+        return name[: -len(DLQ_SUFFIX)]
+    shown = name[:MAX_TOPIC]
+    if is_tier_topic(name):
+        source = source_topic_of(name)
+        raise ConfigError(f"{shown!r} is a retry tier of {source!r}, not a DLQ; its DLQ is "
+                          f"{dlq_topic(source)!r}")
+    for suffix, what in ((LEDGER_SUFFIX, "a redrive ledger"), (AUDIT_SUFFIX, "a redrive audit")):
+        if name.endswith(suffix) and dlq_source(name[: -len(suffix)]) is not None:
+            raise ConfigError(f"{shown!r} is {what}, not a DLQ; its DLQ is "
+                              f"{name[: -len(suffix)]!r}")
+    if is_legal_topic(name) and not is_derived(name):
+        raise ConfigError(f"{shown!r} is not a DLQ (a DLQ is named <source>.dlq); the DLQ of "
+                          f"{shown!r} is {dlq_topic(name)!r}")
+    raise ConfigError(f"{shown!r} is not a DLQ: a DLQ is named <source>.dlq, after a source "
+                      "topic that is not itself a tier or a DLQ")
 
 
 def check_source_topic(topic: str, longest_suffix: int) -> None:

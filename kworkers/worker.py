@@ -1,63 +1,59 @@
-"""``Worker``: the public face of the consumer core.
+"""``Worker``: the public face of kworkers, what a user registers handlers on and runs.
 
-A worker runs two poll loops that share one handler runtime and one hand-off producer: the main
-loop on the source topics (group ``group_id``) and the retry loop on the tier topics (group
-``<group_id>.retry``), so records waiting for their due time never count as the main group's
-lag, which is what KEDA scales on.
+A worker consumes its source topics and runs the registered handler for each record; failed
+attempts go through retry tiers to a DLQ. This module is the API a user reads: the settings
+(``WorkerConfig``, every one of them also a keyword argument here), the handler decorators,
+``run`` and ``stop``, readiness and health. How the parts are put together is
+``kworkers.wiring``'s; the topic pre-flight is ``kworkers.preflight``'s.
+
+Code-only arguments (no environment variable or ``kworkers.toml`` key sets them, because
+they are objects, not values): ``metrics``, ``clock``, ``jitter``, ``sender``, ``consumer``,
+``transactions`` (an exactly-once loop's transactional producer, by group: a test's double),
+``invoke``, ``idempotency``, ``codec``; and ``lease_s`` (the idempotency store's lease), which
+goes with the store the code builds; ``require_ids`` (refuse records without activity ids,
+``MissingActivityIds``, instead of keying them by where they were first read:
+``kworkers.record_key``), which goes with the producers the code is written for; the
+deserializers and serializers (``value_serializer`` / ``key_serializer`` turn what a handler
+gives ``activity.produce`` into bytes); ``rate_store`` (where a pool-wide ``rate_limit``
+keeps its bucket, when not in the ``idempotency`` store) and ``rate_key`` (a function naming
+each record's rate-limit bucket: ``kworkers.pace``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import logging
-import os
-import signal
 import threading
-from collections.abc import Callable, Collection
-from queue import SimpleQueue
-from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast, overload
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar, overload
 
-from confluent_kafka import KafkaException
-
+from kworkers import preflight
 from kworkers.activity import ActivityInvoker
-from kworkers.admin import TopicSpec, create_topics
 from kworkers.clock import Clock, SystemClock
 from kworkers.config import WorkerConfig
 from kworkers.consumer.batching import BatchPolicy
-from kworkers.consumer.breaker import Breaker, State
-from kworkers.consumer.kafka import KafkaConsumerAdapter
-from kworkers.consumer.ports import Completion, ConsumerPort, Handler, Invoker
-from kworkers.consumer.processor import Processor
-from kworkers.consumer.runner import Runner
-from kworkers.consumer.runtime import AsyncRuntime, InlineRuntime, ThreadRuntime
-from kworkers.consumer.steps import Runtime
-from kworkers.consumer.tier_gate import TierGate
+from kworkers.consumer.ports import Handler, Invoker, Sender, TransactionPort
+from kworkers.consumer.tier_gate import RecordCheck
 from kworkers.envelope.envelope import EnvelopeCodec
-from kworkers.errors import ConfigError, WorkerFailed, failure_type, is_non_retryable
+from kworkers.errors import ConfigError, WorkerFailed
 from kworkers.idempotency.store import IdempotencyStore
-from kworkers.kafka import clients
-from kworkers.kafka.settings import consumer_settings, producer_settings
+from kworkers.message import Message
 from kworkers.metrics import Metrics
-from kworkers.retry_tiers.handoff import HandOffStep, SendErrorKind, all_transient
+from kworkers.pace import BucketStore, buckets_for
+from kworkers.payloads.decode import DecodeBackoff, RecordDecoder
+from kworkers.payloads.serde import Deserializer, Serializer, check_callable
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
-from kworkers.retry_tiers.producer import KafkaSender, classify_send_error
-from kworkers.retry_tiers.router import FailureRouter, Sender
-from kworkers.retry_tiers.tier_record import TierRules
 from kworkers.supervision import Fault, Supervisor
-from kworkers.topic_plan import plan_topics, specs
+from kworkers.topic_plan import TopicSpec
+from kworkers.wiring import Assembly, ConsumerFactory, Loop, Parts
 
-if TYPE_CHECKING:
-    from kworkers.share.ports import SharePort
-    from kworkers.share.processor import ShareProcessor
+#: ``Worker.around_run``: a context manager made for the worker that runs
+RunHook = Callable[["Worker"], AbstractContextManager[object]]
 
-log = logging.getLogger("kworkers.worker")
 H = TypeVar("H", bound=Callable[..., Any])
-#: builds the consumer of one group (the main group, then the retry group); in share mode the
-#: main group's is a ``kworkers.share.ports.SharePort``
-ConsumerFactory = Callable[[str], "ConsumerPort | SharePort"]
-#: a poll loop: the partitioned ``Processor``, or the share group's ``ShareProcessor``
-Loop: TypeAlias = "Processor | ShareProcessor"
+
+__all__ = ["ConsumerFactory", "Loop", "Worker"]
 
 
 class Worker:
@@ -80,10 +76,20 @@ class Worker:
         jitter: JitterSource | None = None,
         sender: Sender | None = None,
         consumer: ConsumerFactory | None = None,
+        transactions: Callable[[str], TransactionPort] | None = None,
         invoke: Invoker | None = None,
         idempotency: IdempotencyStore | None = None,
         codec: EnvelopeCodec | None = None,
         lease_s: float = 30.0,
+        require_ids: bool = False,
+        value_deserializer: Deserializer | None = None,
+        key_deserializer: Deserializer | None = None,
+        decode_backoff: DecodeBackoff | None = None,
+        value_serializer: Serializer | None = None,
+        key_serializer: Serializer | None = None,
+        rate_store: BucketStore | None = None,
+        rate_key: Callable[[Message], str | None] | None = None,
+        hold: RecordCheck | None = None,
         **settings: Any,
     ) -> None:
         if config is None:
@@ -103,11 +109,45 @@ class Worker:
         self.jitter = jitter or SeededJitter(config.jitter_seed)
         self._sender = sender
         self._consumer = consumer
+        self._transactions = transactions
         self._invoke: Invoker = invoke or ActivityInvoker(idempotency, codec, lease_s,
-                                                          self.clock)
+                                                          self.clock, require_ids=require_ids)
+        if value_serializer is not None or key_serializer is not None:
+            check_callable(value_serializer, "value_serializer")
+            check_callable(key_serializer, "key_serializer")
+            if not isinstance(self._invoke, ActivityInvoker):
+                raise ConfigError("value_serializer / key_serializer serve activity.produce, "
+                                  "which reads them from kworkers' own invoker: leave invoke "
+                                  "unset")
+            self._invoke.serializers = (value_serializer, key_serializer)
         self._handler: Handler | None = None
         self._batch = False
+        self._decoder: RecordDecoder | None = None
+        if value_deserializer is not None or key_deserializer is not None:
+            if codec is not None and value_deserializer is not None:
+                raise ConfigError("codec and value_deserializer both decode the value: give one")
+            if config.execution == "inline":
+                raise ConfigError("execution='inline' runs on the poll thread, where nothing may "
+                                  "wait for a schema registry: deserializers need 'threads'")
+            group = config.group_id
+            failures, waiting = self.metrics.decode_failures, self.metrics.decode_waiting
+            self._decoder = RecordDecoder(
+                value_deserializer, key_deserializer, backoff=decode_backoff,
+                on_failure=lambda field, kind: failures.labels(group, field, kind).inc(),
+                on_waiting=lambda n: waiting.labels(group).set(n))
+        self._idempotency = idempotency
+        self._rate_store = rate_store
+        self._rate_key = rate_key
+        #: the source records wait in a timer heap until due (``kworkers.schedule``'s rungs)
+        self._hold = hold
+        if rate_key is not None and (config.rate_limit is None or config.rate_limit.per != "all"):
+            raise ConfigError("rate_key names each record's bucket: it needs a rate_limit with "
+                              "per='all' (the default)")
+        #: the rate limit's buckets (checked now: a pool-wide limit needs a shared store)
+        self._buckets = (buckets_for(config.rate_limit, self.clock, rate_store, idempotency)
+                         if config.rate_limit is not None else None)
         self._loops: list[Loop] = []
+        self._run_hooks: list[RunHook] = []
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._started = threading.Event()
@@ -165,12 +205,28 @@ class Worker:
         same_seed = config.jitter_seed == self.config.jitter_seed
         new = Worker(config=config, metrics=self.metrics, clock=self.clock,
                      jitter=self.jitter if same_seed else None, sender=self._sender,
-                     consumer=self._consumer, invoke=self._invoke)
+                     consumer=self._consumer, transactions=self._transactions,
+                     invoke=self._invoke, idempotency=self._idempotency,
+                     rate_store=self._rate_store,
+                     rate_key=self._rate_key if config.rate_limit is not None else None,
+                     hold=self._hold)
+        new._decoder = self._decoder  # the code's deserializers (no setting changes them)
+        new._run_hooks = list(self._run_hooks)
         if self._batch:
             new.batch_handler(self._handler)
         else:
             new.handler(self._handler)
         return new
+
+    def around_run(self, hook: RunHook) -> None:
+        """Run ``hook(worker)``, a context manager, around ``run``: entered once the topics are
+        checked and before the loops start, exited after they stopped (also on failure).
+        ``worker`` is the worker that runs, so the hook sees its *effective* config (what
+        ``kworkers run`` flags and environment made of it: ``with_config`` keeps the hooks).
+        How a component that lives beside the loops starts and stops with them under any
+        launcher (the workflow engine's outbox relay). Registering the same hook twice is one."""
+        if hook not in self._run_hooks:
+            self._run_hooks.append(hook)
 
     @property
     def loops(self) -> list[Loop]:
@@ -184,7 +240,18 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        return bool(self._loops) and all(loop.ready.is_set() for loop in self._loops)
+        """Consuming: every loop has polled and nothing is degraded (a stalled partition)."""
+        return self.unready_reason is None
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why ``/readyz`` answers 503, or None when it answers 200."""
+        if not self._loops or not all(loop.ready.is_set() for loop in self._loops):
+            return "not consuming yet"
+        degraded = self.supervisor.degraded
+        if degraded:
+            return "; ".join(f"{part}: {why}" for part, why in sorted(degraded.items()))
+        return None
 
     def stop(self) -> None:
         """Graceful stop: stop fetching, drain in-flight work, commit, leave the group."""
@@ -194,57 +261,19 @@ class Worker:
 
     def topic_specs(self, partitions: int | None = None) -> list[TopicSpec]:
         """The tier and DLQ topics this worker needs, sized like their source topics."""
-        cfg = self.config
-        have = clients.list_topics(cfg.client)
-        specs = []
-        for src in cfg.topics:
-            n = partitions or have.get(src, 6)
-            specs += [TopicSpec(t.topic, n) for t in cfg.tiers.tiers(src)]
-            specs.append(TopicSpec(cfg.tiers.dlq_topic(src), n))
-        return specs
+        return preflight.topic_specs(self.config, partitions)
 
     def create_topics(self, partitions: int | None = None) -> list[str]:
-        return create_topics(clients.admin(self.config.client), self.topic_specs(partitions))
+        return preflight.create_topics(self.config, partitions)
 
     def check_topics(self) -> None:
         """``ConfigError`` unless every topic the worker reads or writes exists."""
-        self._require_topics(clients.list_topics(self.config.client))
+        preflight.check_topics(self.config)
 
     def prepare_topics(self) -> list[str]:
-        """``run``'s pre-flight: with ``auto_create_topics``, creates the missing retry tier
-        and DLQ topics of the source topics that exist, sized like them (as ``kworkers topics
-        create`` would), then checks every topic is there; returns the topics it created.
-
-        A cluster that refuses (ACLs, a create policy) leaves the topics missing, and the
-        error says so; a missing source topic is never created (its partition count is a
-        decision, not a default).
-        """
-        cfg = self.config
-        have = clients.list_topics(cfg.client)  # KafkaUnreachable: one line, no secret
-        sources = [t for t in cfg.topics if t in have]
-        todo = specs(plan_topics(have, sources, cfg.tiers, None)) if sources else []
-        if not (cfg.auto_create_topics and todo):
-            self._require_topics(have)
-            return []
-        try:
-            created = create_topics(clients.admin(cfg.client), todo)
-        except KafkaException as exc:
-            self._require_topics(clients.list_topics(cfg.client),
-                                 f" (creating them was refused: {clients.reason(exc)})")
-            return []
-        if created:
-            log.info("created topics %s", ", ".join(created))
-        self._require_topics(clients.list_topics(cfg.client))
-        return created
-
-    def _require_topics(self, have: Collection[str], note: str = "") -> None:
-        cfg = self.config
-        need = [*cfg.topics, *cfg.tier_topics(), *cfg.dlq_topics()]
-        missing = [t for t in need if t not in have]
-        if missing:
-            raise ConfigError(
-                f"topics missing on {cfg.bootstrap_servers}: {', '.join(missing)}; create them "
-                f"with `kworkers topics create` or Worker.create_topics(){note}")
+        """``run``'s pre-flight (``kworkers.preflight.prepare_topics``): creates the missing
+        tier and DLQ topics where the cluster allows it, then checks every topic is there."""
+        return preflight.prepare_topics(self.config)
 
     def run(self, install_signals: bool = True) -> None:
         """Blocks until SIGTERM/SIGINT or ``stop()``; returns after a clean leave.
@@ -257,149 +286,19 @@ class Worker:
             raise ConfigError("no handler registered: decorate a function with @worker.handler")
         if self._consumer is None:  # an injected consumer brings its own topics
             self.prepare_topics()
-        cfg = self.config
-        handler = self._handler
-        sup = self.supervisor
-        runtime = self._runtime(handler)
-        classify: Callable[[BaseException], SendErrorKind] = all_transient
-        sender = self._sender
-        if sender is None:
-            sender = KafkaSender(producer_settings(cfg.client, cfg.producer_config))
-            classify = classify_send_error
-        breaker = self._breaker()
-        main = self._processor(cfg.group_id, cfg.topics, handler, sender, classify, runtime,
-                               breaker, tiers=False)
-        tier = self._processor(cfg.retry_group_id, cfg.tier_topics(), handler, sender, classify,
-                               runtime, breaker, tiers=True)
-        self._loops = [main, tier]
-        if self._stopping.is_set():
-            for loop in self._loops:
-                loop.stop()
-        restore = self._install_signals() if install_signals else None
-        tier_thread = threading.Thread(target=self._run_tier, args=(tier,),
-                                       name="kworkers-retry-loop", daemon=True)
-        tier_thread.start()
-        sup.watch("kworkers-retry-loop", lambda: tier_thread.is_alive() or tier.closed.is_set())
-        sup.watch("handler runtime", runtime.alive)
-        if isinstance(sender, KafkaSender):
-            sup.watch("kworkers-producer", sender.alive)
-        self.metrics.worker_healthy.set(1)
-        try:
-            main.run()
-        finally:
-            tier.stop()
-            tier_thread.join(timeout=cfg.leave_bound() + 10)
-            self._hard_stop.set()  # hand-offs still retrying give up: their records redeliver
-            if self._sender is None and isinstance(sender, KafkaSender):
-                sender.close()
-            runtime.shutdown()
-            if restore is not None:
-                restore()
-            log.info("worker %s stopped", cfg.group_id)
-        if sup.fault is not None:
-            raise WorkerFailed(f"worker {cfg.group_id} stopped: {sup.fault}")
-
-    def _runtime(self, handler: Handler) -> Runtime:
-        cfg, sup = self.config, self.supervisor
-        if _is_async(handler):
-            if cfg.execution == "inline":
-                raise ConfigError("execution='inline' runs sync handlers on the poll thread; "
-                                  "an async handler runs on its event loop (use 'threads')")
-            return AsyncRuntime(cfg.concurrency, sup, self.clock)
-        if cfg.execution == "inline":
-            return InlineRuntime(sup, self.clock, cfg.message_timeout, cfg.stall_bound())
-        return ThreadRuntime(cfg.concurrency, sup, self.clock)
-
-    def _run_tier(self, tier: Processor) -> None:
-        try:
-            tier.run()
-        except BaseException as exc:
-            log.error("the retry loop crashed", exc_info=exc)
-            self.supervisor.fail("kworkers-retry-loop", f"{type(exc).__name__}: {exc}")
+        assembly = Assembly(Parts(
+            self.config, self._handler, self._batch, self._invoke, self.metrics, self.clock,
+            self.jitter, self.supervisor, self._hard_stop, self._sender, self._consumer,
+            self._decoder, self._transactions, self._buckets, self._rate_key,
+            self._hold))
+        self._loops = assembly.loops
+        with contextlib.ExitStack() as hooks:
+            for hook in self._run_hooks:
+                hooks.enter_context(hook(self))
+            assembly.run(self._stopping, self.stop, install_signals)
+        if self.supervisor.fault is not None:
+            raise WorkerFailed(f"worker {self.config.group_id} stopped: {self.supervisor.fault}")
 
     def _on_fault(self, fault: Fault) -> None:
         self.metrics.worker_healthy.set(0)
         self.stop()
-
-    # ------------------------------------------------------------------ internals
-
-    def _breaker(self) -> Breaker | None:
-        policy = self.config.breaker
-        if policy is None:
-            return None
-        group = self.config.group_id
-        state = self.metrics.breaker_state.labels(group)
-        level = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}
-
-        def moved(old: State, new: State, why: str) -> None:
-            state.set(level[new])
-            self.metrics.breaker_transitions.labels(group, new.value).inc()
-            log.warning("%s: circuit breaker %s -> %s (%s)", group, old.value, new.value, why)
-
-        state.set(0)
-        return Breaker(policy, self.clock, moved)
-
-    def _retryable(self, exc: BaseException) -> bool:
-        """Whether a failure says something about the dependency (the breaker counts it)."""
-        return not (is_non_retryable(exc)
-                    or failure_type(exc) in self.config.retry.normalized().non_retryable)
-
-    def _processor(self, group: str, topics: tuple[str, ...], handler: Handler, sender: Sender,
-                   classify: Callable[[BaseException], SendErrorKind], runtime: Runtime,
-                   breaker: Breaker | None, tiers: bool) -> Loop:
-        cfg = self.config
-
-        def runner(consumer_group: str, timeout: float | None, invoke: Invoker) -> Runner:
-            router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, self.jitter, self.clock)
-            done: SimpleQueue[Completion] = SimpleQueue()
-            hand_offs = HandOffStep(router, sender, self.metrics, consumer_group, done,
-                                    self.clock, self._hard_stop, self.supervisor, classify,
-                                    cfg.handoff_limit)
-            return Runner(handler, invoke, hand_offs, runtime, self.clock, timeout, done,
-                          breaker, self._retryable, cfg.batch if self._batch else None)
-
-        made = self._consumer(group) if self._consumer is not None else None
-        if cfg.mode == "share" and not tiers:
-            from kworkers.share.wiring import kafka_share_port, share_loop
-
-            port = cast("SharePort", made) if made is not None else kafka_share_port(cfg)
-            return share_loop(cfg, port, lambda t, inv: runner(port.group, t, inv),
-                              self._invoke, runtime.is_async, self.metrics, self.clock,
-                              self.supervisor)
-        consumer = (cast(ConsumerPort, made) if made is not None else
-                    KafkaConsumerAdapter(consumer_settings(
-                        cfg.client, group, cfg.group_protocol, cfg.consumer_config)))
-        gate = None
-        if tiers:
-            # the rules every router of this worker checks tier records by, too
-            rules = TierRules.of(cfg.retry, cfg.tiers, cfg.group_id)
-            gate = TierGate(cfg.delay_buffer, cfg.consume_batch, rules,
-                            self.metrics.retry_lateness.labels(consumer.group), self.clock)
-        return Processor(cfg, consumer, topics,
-                         runner(consumer.group, cfg.message_timeout, self._invoke),
-                         self.metrics, self.clock, self.supervisor, gate)
-
-    def _install_signals(self) -> Callable[[], None] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            if self._stopping.is_set():
-                log.warning("second signal: exiting at once")
-                os._exit(128 + signum)
-            log.info("signal %d: draining (a second signal exits at once)", signum)
-            self.stop()
-
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-
-        def restore() -> None:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-        return restore
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)

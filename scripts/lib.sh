@@ -22,18 +22,33 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
 }
 
+LOCK="$ROOT/requirements/constraints.txt"
+
 ensure_python() {
   local stamp="$VENV/.kworkers-installed" want
-  want=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
+  want=$(cat "$ROOT/pyproject.toml" "$LOCK" | sha256sum | cut -c1-16)
   if [ -x "$PY" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     say "Python environment .venv is up to date"
     return
   fi
-  say "creating the Python environment in .venv (kworkers and its test dependencies)"
+  say "creating the Python environment in .venv (kworkers and its test dependencies, locked)"
   [ -x "$PY" ] || python3 -m venv "$VENV"
-  "$PY" -m pip install -q -U pip >&2
-  "$PY" -m pip install -q -e "$ROOT[test]" >&2
+  "$PY" -m pip install -q -c "$LOCK" -U pip >&2
+  "$PY" -m pip install -q -c "$LOCK" -e "$ROOT[test]" >&2
   echo "$want" > "$stamp"
+}
+
+# pip-audit over the lock (scripts/audit.py says what fails): under CI every run, elsewhere
+# once a day per lock.
+ensure_audit() {
+  local stamp="$VENV/.kworkers-audited" want
+  want="$(sha256sum "$LOCK" | cut -c1-16) $(date +%F)"
+  if [ -z "${KWORKERS_CI:-}" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    say "dependency audit: done today for this lock"
+    return
+  fi
+  say "dependency audit (pip-audit over requirements/constraints.txt)"
+  "$PY" "$ROOT/scripts/audit.py" && echo "$want" > "$stamp"
 }
 
 docker_up() { timeout 10 docker info >/dev/null 2>&1; }
@@ -87,6 +102,32 @@ ensure_kafka() {
     export KWORKERS_KAFKA_IMAGE=$("$ROOT/deploy/images/kafka/build")
   fi
   say "Kafka image: $KWORKERS_KAFKA_IMAGE"
+}
+
+# Sets KWORKERS_REGISTRY_IMAGE (or KWORKERS_REGISTRY=process when the broker runs as a process):
+# Apicurio Registry, the Confluent-compatible schema registry the payload tests decode through.
+# Built from Maven Central and PyPI by deploy/images/registry/build, skipped when up to date.
+ensure_registry() {
+  if [ -n "${KWORKERS_SCHEMA_REGISTRY_URL:-}" ]; then
+    say "using the schema registry at KWORKERS_SCHEMA_REGISTRY_URL=$KWORKERS_SCHEMA_REGISTRY_URL"
+    return
+  fi
+  command -v mvn >/dev/null 2>&1 || ensure_java_maven
+  if [ "${KWORKERS_BROKER:-}" = process ] || [ "${KWORKERS_REGISTRY:-}" = process ] \
+      || ! docker_up; then
+    say "no Docker engine: the schema registry runs as a local process"
+    KWORKERS_PYTHON="$PY" "$ROOT/deploy/images/registry/build" --home-only >/dev/null
+    export KWORKERS_REGISTRY=process
+    return
+  fi
+  if [ -n "${KWORKERS_REGISTRY_IMAGE:-}" ]; then
+    say "using KWORKERS_REGISTRY_IMAGE=$KWORKERS_REGISTRY_IMAGE"; return
+  fi
+  command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap  # the shared Debian base
+  local image
+  image=$(KWORKERS_PYTHON="$PY" "$ROOT/deploy/images/registry/build")
+  export KWORKERS_REGISTRY_IMAGE=$image
+  say "schema registry image: $KWORKERS_REGISTRY_IMAGE"
 }
 
 source "$ROOT/scripts/services.sh"

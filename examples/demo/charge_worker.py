@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kworkers import Message, RetryableError, RetryPolicy, TierLadder, Worker, activity
+from kworkers import Message, RetryableError, RetryPolicy, TierLadder, Worker, activity, settings
 from kworkers.idempotency import SqliteStore
 
 #: Short tiers and few attempts: retries are visible within seconds, and with a 50% failure rate
@@ -63,6 +63,7 @@ def _kill_once(markers: Path, key: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="charge_worker.py")
     ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--config", help="client properties or kworkers.toml: TLS, SASL")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--group", required=True)
     ap.add_argument("--db", required=True, help="SQLite file: the store and the charges")
@@ -86,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         return conn
 
     rnd = random.Random()
-    worker = Worker(topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
+    client = settings.client_settings(settings.client_flags(args.bootstrap, ()), {}, args.config)
+    worker = Worker(topics=[args.topic], group_id=args.group,
+                    bootstrap_servers=client.bootstrap_servers,
+                    client_config=client.properties,
                     retry=RETRY, tiers=TIERS, consumer_config=CONSUMER_CONFIG,
                     drain_timeout=10.0,
                     idempotency=None if args.without_receiver else store,

@@ -19,7 +19,9 @@ version): the chosen order is charged again after the kill, the demo reports the
 and exits 1. Everything is bounded by ``--timeout``.
 
     python examples/demo/demo.py [--orders N] [--fail-rate R] [--kills K] [--processes P]
-                                 [--bootstrap HOST:PORT] [--without-receiver] [--timeout S]
+                                 [--bootstrap HOST:PORT [--config FILE]] [--without-receiver]
+                                 [--timeout S]
+                                 [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -46,10 +48,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from kworkers.admin import TopicSpec, admin_client, create_topics
+from kworkers import settings
 from kworkers.dlq.redrive import redrive
+from kworkers.errors import ConfigError
+from kworkers.kafka.admin import admin_client, create_topics
+from kworkers.kafka.settings import ClientSettings
 from kworkers.testing.broker import broker_from_env
 from kworkers.testing.checker import committed, read_log, record_key
+from kworkers.topic_plan import TopicSpec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -179,22 +185,25 @@ class Demo:
         #: the order whose worker dies right after charging it (a certain redelivery)
         self.victim = f"order-{args.orders // 3}/charge"
 
-    def run(self, bootstrap: str, tmp: Path) -> Report:
+    def run(self, client: ClientSettings, tmp: Path) -> Report:
+        bootstrap = client.bootstrap_servers
         run_id = uuid.uuid4().hex[:8]
         topic, group = f"demo-orders-{run_id}", f"demo-charges-{run_id}"
         dlq = TIERS.dlq_topic(topic)
         tiers = [t.topic for t in TIERS.tiers(topic)]
-        create_topics(admin_client(bootstrap), [
+        create_topics(admin_client(client), [
             TopicSpec(topic, PARTITIONS), *(TopicSpec(t, PARTITIONS)
                                             for t in TIERS.all_topics(topic))])
-        self._produce(bootstrap, topic)
+        self._produce(client, topic)
         self.c.print(f"produced {self.a.orders} orders to [bold]{topic}[/] ({PARTITIONS} "
                      f"partitions; tiers {', '.join(t.label for t in TIERS.tiers(topic))}; "
                      f"DLQ {dlq})")
         db = tmp / "demo.db"
         flag = tmp / "failures-off"
         (tmp / "markers").mkdir()
-        args = ["--bootstrap", bootstrap, "--topic", topic, "--group", group, "--db", str(db),
+        args = ["--bootstrap", bootstrap, *(["--config", str(self.a.config)] if self.a.config
+                                            else []),
+                "--topic", topic, "--group", group, "--db", str(db),
                 "--fail-rate", str(self.a.fail_rate), "--flag", str(flag),
                 "--kill-after-charge", self.victim, "--markers", str(tmp / "markers")]
         if self.a.without_receiver:
@@ -207,7 +216,7 @@ class Demo:
         self.c.print(f"started {self.a.processes} workers: {receiver}; fail rate "
                      f"{self.a.fail_rate:.0%}, {RETRY.max_attempts} attempts, then the DLQ; "
                      f"the worker charging {self.victim} dies right after the charge")
-        dead = DlqKeys(bootstrap, dlq)
+        dead = DlqKeys(client, dlq)
         thresholds = sorted(self.rng.uniform(0.1, 0.8) for _ in range(self.a.kills))
         try:
             def phase1() -> bool:
@@ -223,7 +232,7 @@ class Demo:
             self.c.print(f"every order charged or dead-lettered ({len(dead.keys)} "
                          "dead-lettered); failures off, redriving the DLQ")
             flag.touch()
-            summary = redrive(bootstrap, dlq)
+            summary = redrive(client, dlq)
             self.c.print(f"redrive: {summary.line()}")
             redriven = summary.redriven
             redriven_at = dead.records
@@ -237,14 +246,14 @@ class Demo:
                 if dead.records > redriven_at:
                     # dead-lettered again after the failures stopped: an order whose lease a
                     # killed worker still held ran out of attempts; redrive those too
-                    again = redrive(bootstrap, dlq)
+                    again = redrive(client, dlq)
                     self.c.print(f"redrive: {again.line()}")
                     redriven += again.redriven
                     redriven_at = dead.records
                 if not set(charges(db)) >= self.expected:
                     return False
-                return (_at_end(bootstrap, group, [topic])
-                        and _at_end(bootstrap, f"{group}.retry", tiers))
+                return (_at_end(client, group, [topic])
+                        and _at_end(client, f"{group}.retry", tiers))
 
             self._until(settled, "every order charged and every offset committed")
             dead.poll()
@@ -253,7 +262,8 @@ class Demo:
         codes = [s.terminate(30) for s in self.slots]
         if any(code != 0 for code in codes):
             self.c.print(f"[yellow]worker exit codes on SIGTERM: {codes}[/]")
-        log_keys = {record_key(r.headers, r.value) for r in read_log(bootstrap, topic)}
+        log = read_log(bootstrap, topic, config=client.properties)
+        log_keys = {record_key(r.headers, r.value) for r in log}
         return Report(orders=len(self.expected), charges=charges(db),
                       dead_letters=dead.records, redriven=redriven, kills=self.kills,
                       restarts=self.restarts, elapsed=time.monotonic() - self.started,
@@ -282,9 +292,9 @@ class Demo:
                     raise DemoFailed("workers keep exiting; see their logs below")
                 s.start()
 
-    def _produce(self, bootstrap: str, topic: str) -> None:
-        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                      "linger.ms": 5, "log_level": 3})
+    def _produce(self, client: ClientSettings, topic: str) -> None:
+        p = Producer({**_conf(client), "enable.idempotence": True, "linger.ms": 5,
+                      "log_level": 3})
         for i in range(self.a.orders):
             headers: list[tuple[str, str | bytes | None]] = [
                 ("kw-workflow-id", f"order-{i}".encode()), ("kw-activity-id", b"charge")]
@@ -318,13 +328,20 @@ def charges(db: Path) -> dict[str, int]:
         conn.close()
 
 
-def _at_end(bootstrap: str, group: str, topics: list[str]) -> bool:
+def _conf(client: ClientSettings) -> dict[str, Any]:
+    """A plain client's configuration for the demo's own producer and observer: the address
+    and the security (TLS, SASL) of ``--bootstrap`` / ``--config``."""
+    return {**client.properties, "bootstrap.servers": client.bootstrap_servers}
+
+
+def _at_end(client: ClientSettings, group: str, topics: list[str]) -> bool:
     """``group`` committed every record of ``topics``: past each partition's last record, as a
     read_committed consumer reads it (a transaction's commit marker after it is not a record,
     and a position just before it is the end)."""
     for t in topics:
-        pos = committed(bootstrap, group, t)
-        for p, records in read_log(bootstrap, t).records.items():
+        pos = committed(client.bootstrap_servers, group, t, config=client.properties)
+        for p, records in read_log(client.bootstrap_servers, t,
+                                   config=client.properties).records.items():
             if records and pos.get(p, -1) <= records[-1].offset:
                 return False
     return True
@@ -333,8 +350,8 @@ def _at_end(bootstrap: str, group: str, topics: list[str]) -> bool:
 class DlqKeys:
     """Follows the DLQ from its beginning: which orders were dead-lettered so far."""
 
-    def __init__(self, bootstrap: str, dlq: str) -> None:
-        self._c = Consumer({"bootstrap.servers": bootstrap, "log_level": 3,
+    def __init__(self, client: ClientSettings, dlq: str) -> None:
+        self._c = Consumer({**_conf(client), "log_level": 3,
                             "group.id": "kworkers-demo-observer", "enable.auto.commit": False,
                             "isolation.level": "read_committed"})
         self._c.assign([TopicPartition(dlq, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
@@ -362,10 +379,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--processes", "-p", type=int, default=2)
     ap.add_argument("--bootstrap", "-b", metavar="HOST:PORT",
                     help="use this broker (default: start one, and remove it at the end)")
+    ap.add_argument("--config", type=Path, metavar="FILE",
+                    help="how to reach --bootstrap: client properties (key=value, as Kafka's "
+                         "--command-config: TLS, mTLS, SASL) or a kworkers.toml")
     ap.add_argument("--without-receiver", action="store_true",
                     help="charge without the idempotent receiver: shows the double charge")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="keep the charges database, markers and logs here (kept after the run)")
     args = ap.parse_args(argv)
     if args.orders < 3:
         ap.error("--orders must be >= 3")
@@ -380,11 +402,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     console = Console()
     broker: Any = None
-    tmp = Path(tempfile.mkdtemp(prefix="kworkers-demo-"))
+    tmp = args.workdir or Path(tempfile.mkdtemp(prefix="kworkers-demo-"))
+    tmp.mkdir(parents=True, exist_ok=True)
     demo = Demo(args, console)
     ok = False
     try:
         bootstrap = args.bootstrap
+        if args.config is not None and bootstrap is None:
+            raise DemoFailed("--config says how to reach a broker: name it with --bootstrap")
         if bootstrap is None:
             console.print("starting a Kafka broker for the demo (about 30 s; pass --bootstrap "
                           "to use yours)")
@@ -392,7 +417,12 @@ def main(argv: list[str] | None = None) -> int:
             broker.start()
             bootstrap = broker.bootstrap_servers
             console.print(f"broker ready at {bootstrap}")
-        report = demo.run(bootstrap, tmp)
+        try:
+            client = settings.client_settings(settings.client_flags(bootstrap, ()), {},
+                                              args.config)
+        except ConfigError as exc:
+            raise DemoFailed(str(exc)) from None
+        report = demo.run(client, tmp)
         mode = "without the receiver" if args.without_receiver else "with the receiver"
         console.print(report.table(mode))
         console.print(report.verdict(), style="bold green" if report.ok else "bold red")
@@ -412,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if broker is not None:
             with contextlib.suppress(Exception):
                 broker.close()
-        if ok:
+        if ok and args.workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             console.print(f"logs and the charges database are kept in {tmp}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from kworkers.cli.options import client_options
+from kworkers.cli.options import client_options, registry_options
 from kworkers.console.settings import (
     DEFAULT_HOST,
     DEFAULT_PAGE_SIZE,
@@ -22,21 +22,23 @@ from kworkers.console.settings import (
     DEFAULT_SCAN_BOUND,
     TOKEN_ENV,
     ConsoleSettings,
+    parse_tokens,
 )
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import ClientSettings
+from kworkers.payloads.settings import RegistrySettings
 
 
-def _token(token_file: str | None) -> str | None:
+def _token(token_file: str | None) -> tuple[str | None, dict[str, str]]:
+    """(an unnamed token, named tokens) from --token-file (``parse_tokens``: one bare token,
+    or ``NAME:TOKEN`` lines, one per operator) or KWORKERS_CONSOLE_TOKEN."""
     if token_file is not None:
         try:
-            token = Path(token_file).read_text("utf-8").strip()
+            text = Path(token_file).read_text("utf-8")
         except OSError as exc:
             raise ConfigError(f"--token-file {token_file}: {exc.strerror or exc}") from None
-        if not token:
-            raise ConfigError(f"--token-file {token_file}: the file is empty")
-        return token
-    return os.environ.get(TOKEN_ENV, "").strip() or None
+        return parse_tokens(text, f"--token-file {token_file}")
+    return os.environ.get(TOKEN_ENV, "").strip() or None, {}
 
 
 def _schema(path: str | None) -> object | None:
@@ -54,13 +56,16 @@ def _schema(path: str | None) -> object | None:
 
 @click.command("console")
 @client_options
+@registry_options
 @click.option("--host", default=DEFAULT_HOST, show_default=True,
               help="Address to listen on; anything but loopback needs a token.")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Port (0: any free port; the line printed at start names it).")
 @click.option("--read-only", is_flag=True, help="Show everything, redrive nothing.")
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help=f"File holding the access token (or env {TOKEN_ENV}); at least 16 chars.")
+              help=f"File holding the access token (or env {TOKEN_ENV}), or NAME:TOKEN "
+                   "lines, one per operator (the redrive audit names them); at least 16 "
+                   "chars each.")
 @click.option("--metrics-url", "metrics_urls", multiple=True, metavar="URL",
               help="A worker's /metrics endpoint, for the breaker state (repeatable).")
 @click.option("--group", "groups", multiple=True, metavar="GROUP",
@@ -85,16 +90,19 @@ def _schema(path: str | None) -> object | None:
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS",
               help="How long a page waits for the broker before saying it is unreachable.")
-def console_command(client: ClientSettings, host: str, port: int, read_only: bool,
+def console_command(client: ClientSettings, registry: RegistrySettings | None, host: str,
+                    port: int, read_only: bool,
                     token_file: str | None, metrics_urls: tuple[str, ...],
                     groups: tuple[str, ...], avro_schema: str | None, scan_bound: int,
                     page_size: int, lag_threshold: int, min_replicas: int,
                     max_replicas: int | None, workflow_store: str | None,
                     workflow_tables: str, connect_timeout: float) -> int:
     """Serve the web console: groups and lag, dead letters, redrive (Ctrl-C stops it)."""
+    token, tokens = _token(token_file)
     settings = ConsoleSettings(
-        client, host=host, port=port, read_only=read_only, token=_token(token_file),
+        client, host=host, port=port, read_only=read_only, token=token, tokens=tokens,
         metrics_urls=metrics_urls, groups=groups, avro_schema=_schema(avro_schema),
+        registry=registry,
         scan_bound=scan_bound, page_size=page_size, lag_threshold=lag_threshold,
         min_replicas=min_replicas, max_replicas=max_replicas, connect_timeout=connect_timeout,
         workflow_store=workflow_store, workflow_tables=workflow_tables)

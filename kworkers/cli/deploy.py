@@ -46,7 +46,16 @@ def deploy() -> None:
               help="At most the partition count (the default); share mode: required.")
 @click.option("--prometheus", default=None,
               help="Share mode: the Prometheus server KEDA queries for the backlog.")
-@click.option("--sasl-secret", default=None, help="Secret holding SASL username/password.")
+@click.option("--sasl-secret", default=None,
+              help="Secret holding SASL username/password (OAUTHBEARER: client id/secret), "
+                   "used over SASL_SSL.")
+@click.option("--tls-secret", default=None,
+              help="Secret holding ca.crt (and tls.crt, tls.key with --tls-client-cert), "
+                   "mounted as files in the pods.")
+@click.option("--tls-client-cert", is_flag=True,
+              help="mTLS: the pods present tls.crt/tls.key from --tls-secret.")
+@click.option("--allow-plaintext-sasl", is_flag=True,
+              help="Accept SASL over SASL_PLAINTEXT (the password in clear on the network).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the files under this directory instead of printing them.")
 @config_option
@@ -54,11 +63,17 @@ def deploy() -> None:
 @property_option
 def deploy_render(target: str, image: str, app: str, partitions: int, namespace: str,
                   max_replicas: int | None, prometheus: str | None, sasl_secret: str | None,
+                  tls_secret: str | None, tls_client_cert: bool, allow_plaintext_sasl: bool,
                   out_dir: str | None,
                   config_path: str | None, bootstrap: str | None,
                   properties: tuple[str, ...]) -> None:
     """Render the Deployment, ConfigMap, KEDA ScaledObject (and TriggerAuthentication) from
-    the worker's own config, so the manifests never drift from the code."""
+    the worker's own config, so the manifests never drift from the code.
+
+    The cluster's bootstrap address is required (--bootstrap, KWORKERS_BOOTSTRAP_SERVERS or
+    the --config file; never the default 127.0.0.1:9092). With --sasl-secret the pods use
+    SASL_SSL unless -X security.protocol says otherwise; SASL_PLAINTEXT needs
+    --allow-plaintext-sasl."""
     from kworkers.cli.run import configure
     from kworkers.deploy import render
 
@@ -67,7 +82,8 @@ def deploy_render(target: str, image: str, app: str, partitions: int, namespace:
     worker = configure(target, flags, os.environ, config_path)
     files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
                    namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret,
-                   prometheus=prometheus)
+                   prometheus=prometheus, tls_secret=tls_secret, tls_client_cert=tls_client_cert,
+                   plaintext_sasl=allow_plaintext_sasl)
     for name, text in sorted(files.items()):
         if out_dir is None:
             click.echo(f"# --- {name}\n{text}")

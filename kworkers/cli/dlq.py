@@ -1,7 +1,7 @@
 """``kworkers dlq list|show|redrive``: inspect dead letters and replay them, exactly once.
 
 The reading is ``kworkers.dlq.reader`` and ``kworkers.kafka.reader``, the replay
-``kworkers.dlq.redrive``, the printing ``kworkers.cli.dlq_format``; this module only joins them
+``kworkers.dlq.redrive``, the printing ``kworkers.dlq.format``; this module only joins them
 to the command line.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kworkers.cli.options import client_options, console
+from kworkers.cli.options import client_options, console, registry_options
 from kworkers.kafka.settings import ClientSettings
+from kworkers.payloads.settings import RegistrySettings
 
 
 @click.group()
@@ -30,25 +31,73 @@ def _dlq_option(fn: Any) -> Any:
     return client_options(fn)
 
 
+def _filter_options(fn: Any) -> Any:
+    """The selection `dlq list` and `dlq redrive` share (``RedriveFilter``)."""
+    for option in reversed([
+        click.option("--error-type", default=None, help="Only dead letters with this error "
+                     "type."),
+        click.option("--key", default=None, help="Only dead letters with this key (UTF-8)."),
+        click.option("--since", default=None, metavar="ISO", help="Dead-lettered at or after."),
+        click.option("--until", default=None, metavar="ISO", help="Dead-lettered before."),
+        click.option("--min-offset", type=click.IntRange(min=0), default=None,
+                     help="Lowest DLQ offset (inclusive)."),
+        click.option("--max-offset", type=click.IntRange(min=0), default=None,
+                     help="Highest DLQ offset (inclusive)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _filter(error_type: str | None, key: str | None, since: str | None, until: str | None,
+            min_offset: int | None, max_offset: int | None) -> Any:
+    from kworkers.dlq.redrive_plan import RedriveFilter
+
+    return RedriveFilter(
+        error_type=error_type, key=None if key is None else key.encode("utf-8"),
+        since=_when(since, "--since"), until=_when(until, "--until"),
+        min_offset=min_offset, max_offset=max_offset)
+
+
 @dlq.command("list")
 @_dlq_option
+@_filter_options
+@click.option("--pending", is_flag=True, help="Only dead letters no redrive replayed yet.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Show at most N (the count of all that match is still given).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line, for scripts.")
-def dlq_list(client: ClientSettings, dlq_topic: str, as_json: bool) -> int:
-    """List the dead letters of a DLQ: origin, key, attempts, error, last failure, age."""
-    from kworkers.cli.dlq_format import as_json as to_json
-    from kworkers.cli.dlq_format import list_table
+def dlq_list(client: ClientSettings, dlq_topic: str, error_type: str | None, key: str | None,
+             since: str | None, until: str | None, min_offset: int | None,
+             max_offset: int | None, pending: bool, limit: int | None, as_json: bool) -> int:
+    """List the dead letters of a DLQ: origin, key, attempts, error, last failure, age, and
+    whether a redrive replayed it already (from the ledger <dlq>.redriven)."""
+    from kworkers.dlq.format import as_json as to_json
+    from kworkers.dlq.format import list_table
+    from kworkers.dlq.ledger import read_marks
     from kworkers.dlq.reader import read_dlq
+    from kworkers.dlq.redrive_plan import ledger_key
 
+    flt = _filter(error_type, key, since, until, min_offset, max_offset)
     contents = read_dlq(client, dlq_topic)
+    marks = read_marks(client, dlq_topic)
+    matching = [d for d in contents.dead_letters if flt.matches(d)
+                and not (pending and ledger_key(d) in marks)]
+    shown = matching if limit is None else matching[:limit]
     now = time.time()
     if as_json:
-        for d in contents.dead_letters:
-            click.echo(json.dumps(to_json(d, now)))
+        for d in shown:
+            click.echo(json.dumps(to_json(d, now, marks.get(ledger_key(d)))))
         return 0
     out = console()
-    out.print(list_table(contents.dead_letters, now,
-                         f"{dlq_topic} on {client.bootstrap_servers}"))
-    out.print(f"{len(contents.dead_letters)} dead letters")
+    out.print(list_table(shown, now, f"{dlq_topic} on {client.bootstrap_servers}", marks))
+    redriven = sum(1 for d in matching if ledger_key(d) in marks)
+    total = len(contents.dead_letters)
+    line = f"{len(matching)} dead letters"
+    if len(matching) != total:
+        line += f" match (of {total})"
+    line += f", {redriven} redriven"
+    if len(shown) < len(matching):
+        line += f"; {len(shown)} shown (--limit {limit})"
+    out.print(line)
     for msg, why in contents.unreadable:
         out.print(f"not a kworkers dead letter: {msg.partition}@{msg.offset} ({why}); "
                   f"see `kworkers dlq show`", markup=False)
@@ -57,15 +106,19 @@ def dlq_list(client: ClientSettings, dlq_topic: str, as_json: bool) -> int:
 
 @dlq.command("show")
 @_dlq_option
+@registry_options
 @click.option("--partition", "-p", type=click.IntRange(min=0), required=True)
 @click.option("--offset", "-o", type=click.IntRange(min=0), required=True)
-def dlq_show(client: ClientSettings, dlq_topic: str, partition: int, offset: int) -> int:
+def dlq_show(client: ClientSettings, registry: RegistrySettings | None, dlq_topic: str,
+             partition: int, offset: int) -> int:
     """Show one DLQ record in full: failure, headers, key and value.
 
-    The value is decoded as a kworkers task envelope when it is one, else shown as text or
-    hex.
+    With --schema-registry, a value in Confluent framing is decoded through the registry
+    (Avro, JSON Schema, Protobuf) and shown with its schema id and subject. The value is
+    decoded as a kworkers task envelope when it is one, else shown as text or hex.
     """
-    from kworkers.cli.dlq_format import show_lines
+    from kworkers.dlq.format import show_lines
+    from kworkers.dlq.ledger import read_marks
     from kworkers.dlq.record import DeadLetter
     from kworkers.kafka.clients import require_topic
     from kworkers.kafka.reader import read_record
@@ -79,8 +132,14 @@ def dlq_show(client: ClientSettings, dlq_topic: str, partition: int, offset: int
         dead = DeadLetter.from_message(msg)
     except HeaderError as exc:
         problem = str(exc)
+    view = None
+    if registry is not None:
+        from kworkers.kafka.schema_registry import describe, registry_client
+
+        view = describe(registry_client(registry), msg.value, registry)
     out = console()
-    for line in show_lines(msg, dead, problem, time.time()):
+    marks = read_marks(client, dlq_topic) if dead is not None else None
+    for line in show_lines(msg, dead, problem, time.time(), view, marks):
         out.print(line, markup=False)
     return 0
 
@@ -103,15 +162,8 @@ def _when(value: str | None, name: str) -> float | None:
 @click.option("--to", "target", default=None, metavar="TOPIC",
               help="Replay to this topic (default: the source topic the DLQ belongs to; dead "
                    "letters whose recorded origin disagrees are then refused).")
-@click.option("--error-type", default=None, help="Only dead letters with this error type.")
-@click.option("--key", default=None, help="Only dead letters with this key (UTF-8).")
-@click.option("--since", default=None, metavar="ISO", help="Dead-lettered at or after.")
-@click.option("--until", default=None, metavar="ISO", help="Dead-lettered before.")
-@click.option("--min-offset", type=click.IntRange(min=0), default=None,
-              help="Lowest DLQ offset (inclusive).")
-@click.option("--max-offset", type=click.IntRange(min=0), default=None,
-              help="Highest DLQ offset (inclusive).")
-@click.option("--dry-run", is_flag=True, help="Show what would be replayed; produce nothing.")
+@_filter_options
+@click.option("--dry-run", is_flag=True, help="List what would be replayed; produce nothing.")
 @click.option("--rate", default=None, metavar="R/s", help="At most R replays per second.")
 @click.option("--crash-after", type=click.IntRange(min=1), default=None, hidden=True,
               envvar="KWORKERS_REDRIVE_CRASH_AFTER")
@@ -124,21 +176,22 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
 
     Replayed dead letters are recorded in the compacted topic <dlq>.redriven, in the same
     Kafka transaction as the replay, so running a redrive twice, or again after a crash,
-    never replays a dead letter twice. Ends with `redriven=N skipped_already=M selected=S`.
+    never replays a dead letter twice; who ran it (your OS user), when, what and how it
+    ended go to <dlq>.audit. Lists each replay (the dead letter, its key and error type, where
+    it goes; with --dry-run, what would be replayed) and ends with
+    `redriven=N skipped_already=M selected=S`.
 
     Replays go to the source topic the DLQ is named after (<source>.dlq), never where a dead
     letter's headers point: one whose recorded origin is another topic is refused with the
     reason (exit status 1) unless --to names the target.
     """
+    from kworkers.dlq.audit import Actor
+    from kworkers.dlq.format import replay_line
     from kworkers.dlq.redrive import BATCH_SIZE
     from kworkers.dlq.redrive import redrive as do_redrive
-    from kworkers.dlq.redrive_plan import RedriveFilter
     from kworkers.settings import parse_rate
 
-    flt = RedriveFilter(
-        error_type=error_type, key=None if key is None else key.encode("utf-8"),
-        since=_when(since, "--since"), until=_when(until, "--until"),
-        min_offset=min_offset, max_offset=max_offset)
+    flt = _filter(error_type, key, since, until, min_offset, max_offset)
     per_second = None if rate is None else parse_rate(rate)
     out = console()
     with Progress(TextColumn("redrive {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -150,7 +203,11 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
             bar.update(task, completed=done, total=total)
 
         summary = do_redrive(client, dlq_topic, target, flt, dry_run, per_second, progress,
-                             batch_size=batch_size or BATCH_SIZE, crash_after=crash_after)
+                             batch_size=batch_size or BATCH_SIZE, crash_after=crash_after,
+                             actor=Actor.of_process("cli"))
+    done = summary.replays if dry_run else summary.replays[:summary.redriven]
+    for r in done:
+        out.print(replay_line(r, dry_run), markup=False, soft_wrap=True)  # one line each
     if summary.targets:
         verb = "would replay" if dry_run else "replayed"
         for topic, n in sorted(summary.targets.items()):

@@ -4,6 +4,7 @@
     kworkers topics plan|create --topic T [--tiers 1s,5s,30s,2m,10m] [--partitions N]
     kworkers dlq list|show|redrive --dlq T.dlq ...
     kworkers lag --group G [--topic T ...]
+    kworkers produce --topic T [--workflow-id W --activity-id A] VALUE ...
     kworkers deploy render MODULE:WORKER --image I --app A --partitions N
     kworkers console [--host H --port P --read-only --metrics-url URL ...]
 
@@ -31,25 +32,39 @@ import sys
 from collections.abc import Sequence
 
 import click
-from confluent_kafka import KafkaException
 
 from kworkers.cli.console import console_command
 from kworkers.cli.deploy import deploy
 from kworkers.cli.dlq import dlq
 from kworkers.cli.lag import lag
 from kworkers.cli.options import redact
+from kworkers.cli.produce import produce
 from kworkers.cli.run import run
+from kworkers.cli.schedule import schedule
 from kworkers.cli.topics import topics
 from kworkers.errors import ConfigError, KworkersError
+from kworkers.kafka.errors import KafkaException
 from kworkers.workflow.cli import workflow_cli
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kworkers")
+    except PackageNotFoundError:  # run from a clone that was never installed
+        return "unknown (not installed: pip install -e .)"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(_version(), "--version", "-V", prog_name="kworkers",
+                      message="%(prog)s %(version)s")
 def cli() -> None:
     """kworkers: Kafka consumer worker pools that never lose work nor apply an effect twice."""
 
 
-for command in (run, topics, dlq, lag, deploy, workflow_cli, console_command):
+for command in (run, topics, dlq, lag, produce, deploy, workflow_cli, console_command,
+                schedule):
     cli.add_command(command)
 
 
@@ -68,6 +83,11 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     try:
         rv = cli.main(args=list(argv) if argv is not None else None, prog_name="kworkers",
                       standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # `kworkers` or `kworkers dlq` alone asks what there is: the help, as --help prints it
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else cli.get_help(
+            click.Context(cli, info_name="kworkers")))
+        return 0
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "kworkers"
         return _fail(f"{exc.format_message()} (see '{where} --help')", 2)

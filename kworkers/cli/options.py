@@ -38,6 +38,30 @@ def remember(client: ClientSettings) -> ClientSettings:
     return client
 
 
+def registry_options(fn: F) -> F:
+    """``--schema-registry URL`` and ``-S key=value``: the command receives ``registry``, a
+    ``RegistrySettings`` or None (no registry: values are shown as text or hex)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, registry_url: str | None, registry_properties: tuple[str, ...],
+                **kwargs: Any) -> Any:
+        from kworkers.payloads.settings import registry_settings
+
+        registry = registry_settings(registry_url, registry_properties, os.environ)
+        if registry is not None:
+            _secrets.update(registry.secrets())
+        return fn(*args, registry=registry, **kwargs)
+
+    with_properties = click.option(
+        "-S", "registry_properties", multiple=True, metavar="KEY=VALUE",
+        help="A schema registry client property, e.g. -S basic.auth.user.info=USER:PASSWORD "
+             "(repeatable; env KWORKERS_SCHEMA_REGISTRY_USER_INFO).")(wrapper)
+    return click.option(
+        "--schema-registry", "registry_url", default=None, metavar="URL",
+        help="Decode values through this Confluent-compatible schema registry (env "
+             "KWORKERS_SCHEMA_REGISTRY_URL); needs the registry extra.")(with_properties)
+
+
 def redact(text: str) -> str:
     """``text`` with every secret this process was given masked (longest first)."""
     for secret in sorted(_secrets, key=len, reverse=True):

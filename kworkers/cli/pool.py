@@ -7,7 +7,8 @@ Why the children are fresh interpreters (``python -m kworkers.cli run ... --proc
 rather than ``os.fork()`` of the parent: the parent has already talked to the broker (it checks
 the topics before starting anything, so a typo fails once, in one line), and librdkafka's
 threads and locks do not survive a fork. A fresh process per child imports the worker module
-the same way the parent did, and nothing is shared but the command line.
+the same way the parent did, and nothing is shared but the command line, the environment
+and a pipe with the secrets (``kworkers.cli.child_secrets``: never on a command line).
 
 The parent puts each child in a session of its own, so a terminal's Ctrl-C reaches the parent
 once and is forwarded once (a second signal makes a worker exit at once, and a Ctrl-C sent to
@@ -27,16 +28,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from kworkers.metrics import MetricsServer, MultiProcessMetrics
+from kworkers.cli.child_secrets import attach
+from kworkers.metrics import MetricsServer, MultiProcessMetrics, mark_process_dead
 
 log = logging.getLogger("kworkers.cli")
 
 
-def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None) -> int:
-    """Start ``processes`` children, forward SIGTERM/SIGINT, wait for all of them."""
+def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None,
+             env: Mapping[str, str] | None = None,
+             secrets: Mapping[str, str] | None = None) -> int:
+    """Start ``processes`` children, forward SIGTERM/SIGINT, wait for all of them.
+
+    ``env``: the children's environment (default: this process's); ``secrets``: client
+    properties each child reads from a pipe of its own (``kworkers.cli.child_secrets``)."""
     children: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -54,7 +61,7 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
 
     # One /metrics for the pool: children write their values to a shared directory
     # (prometheus-client's multiprocess mode) and this parent serves the sum.
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     server: MetricsServer | None = None
     mp_dir: str | None = None
     if metrics_port is not None:
@@ -69,8 +76,14 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for _ in range(processes):
-            args = [sys.executable, "-m", "kworkers.cli", "run", *child_args, "--processes", "1"]
-            children.append(subprocess.Popen(args, start_new_session=True, env=env))
+            args, fd = attach([sys.executable, "-m", "kworkers.cli", "run", *child_args,
+                               "--processes", "1"], secrets or {})
+            try:
+                children.append(subprocess.Popen(args, start_new_session=True, env=env,
+                                                 pass_fds=() if fd is None else (fd,)))
+            finally:
+                if fd is not None:
+                    os.close(fd)
             if stopping:
                 stop_all(signal.SIGTERM)
         codes: dict[int, int] = {}
@@ -82,6 +95,8 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
                 if rc is None:
                     continue
                 codes[i] = rc
+                if mp_dir is not None:  # its live gauges leave the pool's sums and minima
+                    mark_process_dead(c.pid, mp_dir)
                 if rc != 0 and not stopping:
                     log.error("worker process %d (pid %d) exited with %d: stopping the others",
                               i, c.pid, rc)

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from kworkers import settings
+from kworkers.cli import child_secrets
 from kworkers.cli.options import bootstrap_option, config_option, property_option, remember
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
@@ -91,11 +92,14 @@ def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str]
 
 
 def _mark_ready(worker: Worker) -> None:
-    """Sets ``kworkers_worker_ready`` once the worker polls (a pool parent's /readyz sums it)."""
+    """Keeps ``kworkers_worker_ready`` (and the process count) at 1 while the worker is ready
+    (it polls and nothing is degraded), 0 otherwise (a pool parent's /readyz counts them)."""
     def wait() -> None:
-        while not worker.ready:
-            time.sleep(0.1)
-        worker.metrics.worker_ready.set(1)
+        while True:
+            ready = 1 if worker.ready else 0
+            worker.metrics.worker_ready.set(ready)
+            worker.metrics.worker_processes_ready.set(ready)
+            time.sleep(0.1 if not worker.ready else 1.0)
 
     threading.Thread(target=wait, name="kworkers-ready", daemon=True).start()
 
@@ -104,7 +108,8 @@ def run_one(worker: Worker, metrics_port: int | None) -> int:
     server = None
     _mark_ready(worker)
     if metrics_port is not None:
-        server = MetricsServer(worker.metrics, metrics_port, ready=lambda: worker.ready,
+        server = MetricsServer(worker.metrics, metrics_port,
+                               unready=lambda: worker.unready_reason,
                                fault=lambda: worker.fault).start()
         worker.supervisor.watch("kworkers-metrics", server.alive)
         log.info("metrics on :%d (/metrics, /healthz, /readyz)", server.port)
@@ -123,17 +128,25 @@ def run_one(worker: Worker, metrics_port: int | None) -> int:
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
               help="Handler executions at once per process (env KWORKERS_CONCURRENCY).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
-              help="Serve /metrics, /healthz, /readyz; process i uses PORT+i.")
+              help="Serve /metrics, /healthz, /readyz on PORT. With --processes N the "
+                   "parent serves the pool there: its processes' metrics summed, ready when "
+                   "every process is (kworkers_worker_processes_ready counts them).")
 @config_option
 @bootstrap_option
 @property_option
 @click.option("--group", "group_id", default=None, help="Consumer group (env KWORKERS_GROUP_ID).")
 @click.option("--topic", "topics_", multiple=True, help="Source topic; repeat for several.")
+@click.option("--rate-limit", "rate_limit", default=None, metavar="RATE",
+              help="Handler starts per second for the whole pool, such as 50/s or 600/m "
+                   "(env KWORKERS_RATE_LIMIT_PER_SECOND; a pool-wide limit needs the worker's "
+                   "PostgreSQL or Redis store, else set rate_limit.scope=replica).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option(child_secrets.FD_OPTION, "secrets_fd", type=int, default=None, hidden=True)
 def run(target: str, processes: int, concurrency: int | None, metrics_port: int | None,
         config_path: str | None, bootstrap: str | None, properties: tuple[str, ...],
-        group_id: str | None, topics_: tuple[str, ...], log_level: str) -> int:
+        group_id: str | None, topics_: tuple[str, ...], rate_limit: str | None,
+        log_level: str, secrets_fd: int | None) -> int:
     """Run the Worker MODULE:WORKER (an instance, or a zero-argument factory returning one).
 
     Settings: flags > KWORKERS_* environment > --config file > the Worker's own config.
@@ -145,21 +158,30 @@ def run(target: str, processes: int, concurrency: int | None, metrics_port: int 
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    # a pool's child: the secrets its parent was given come through a pipe, as if by -X
+    passed = child_secrets.read(secrets_fd) if secrets_fd is not None else {}
+    per_second = None if rate_limit is None else settings.parse_rate(rate_limit, "--rate-limit")
     flags: dict[str, object] = {"concurrency": concurrency, "group_id": group_id,
                                 "topics": topics_ or None,
-                                **settings.client_flags(bootstrap, properties)}
+                                "rate_limit.per_second": per_second,
+                                **settings.client_flags(bootstrap, (
+                                    *properties, *(f"{k}={v}" for k, v in passed.items())))}
     worker = prepare(target, flags, os.environ, config_path)
     if processes == 1:
         return run_one(worker, metrics_port)
+    shown, secret = child_secrets.split_properties(properties)
     child: list[str] = [target, "--log-level", log_level]
     if config_path is not None:
         child += ["--config", config_path]
     for opt, value in (("--concurrency", concurrency), ("--bootstrap", bootstrap),
-                       ("--group", group_id)):
+                       ("--group", group_id), ("--rate-limit", rate_limit)):
         if value is not None:
             child += [opt, str(value)]
     for t in topics_:
         child += ["--topic", t]
-    for prop in properties:
+    for prop in shown:
         child += ["-X", prop]
-    return run_pool(child, processes, metrics_port)
+    # secrets never on a child's command line nor in its environment (kworkers.cli.child_secrets)
+    return run_pool(child, processes, metrics_port,
+                    env=child_secrets.child_environment(os.environ),
+                    secrets=child_secrets.secrets_for_children(os.environ, secret))

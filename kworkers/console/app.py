@@ -37,7 +37,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from kworkers.cli.dlq_format import age_text, bytes_text, iso
 from kworkers.console import auth
 from kworkers.console.dlq_filter import ConsoleFilter, parse_filter
 from kworkers.console.dlq_pages import as_row, cursor_text, read_page
@@ -46,13 +45,16 @@ from kworkers.console.history import read_history, replayed_lookup
 from kworkers.console.jobs import Busy, Jobs
 from kworkers.console.record_view import record_view
 from kworkers.console.redrive import PLAN_ROWS, plan_redrive, run_redrive
-from kworkers.console.settings import ConsoleSettings
-from kworkers.console.watermarks import watermarks
+from kworkers.console.settings import UNNAMED, ConsoleSettings
 from kworkers.console.workflows import StoreUnavailable, WorkflowTables
+from kworkers.dlq.audit import Actor
+from kworkers.dlq.format import age_text, bytes_text, iso
+from kworkers.dlq.redrive import read_audit
 from kworkers.dlq.redrive_plan import ledger_key
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import KafkaUnreachable, TopicNotFound, require_topic
+from kworkers.kafka.offsets import topic_watermarks
 from kworkers.kafka.reader import ReadTimeout, read_record
 from kworkers.topic_names import DLQ_SUFFIX, ledger_topic
 from kworkers.workflow.state import STATUSES
@@ -97,14 +99,19 @@ class Guard(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request,
                        call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        token = self.settings.token
-        if token is not None:
-            if not auth.token_ok(request.headers.get("authorization"), token):
-                return self._refuse(request, 401, "Token required", "This console needs its "
+        tokens = self.settings.credentials
+        request.state.operator = None
+        if tokens:
+            operator = auth.identify(request.headers.get("authorization"), tokens)
+            if operator is None:
+                who = ("your operator name" if self.settings.tokens else "any user name")
+                return self._refuse(request, 401, "Token required", "This console needs a "
                                     "token: the password of the browser's sign-in dialog "
-                                    "(any user name), or an 'Authorization: Bearer' header.",
+                                    f"({who} as the user name), or an 'Authorization: Bearer' "
+                                    "header.",
                                     {"WWW-Authenticate": 'Basic realm="kworkers console", '
                                                          'charset="UTF-8"'})
+            request.state.operator = operator
         elif not auth.loopback_host(request.headers.get("host")):
             return self._refuse(request, 403, "Loopback only", "This console has no token, so "
                                 "it answers only requests addressed to 127.0.0.1, [::1] or "
@@ -195,7 +202,7 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
     def dlqs(request: Request) -> Response:
         have = preflight()
         names = {t: n for t, n in sorted(have.items()) if t.endswith(DLQ_SUFFIX)}
-        marks = watermarks(client, names)
+        marks = topic_watermarks(client, names)
         rows = [(t, n, sum(hi - lo for lo, hi in marks[t]), ledger_topic(t) in have)
                 for t, n in names.items()]
         return page(request, "dlqs.html", rows=rows, nav="dlq")
@@ -207,7 +214,12 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         cursor = request.query_params.get("from") or None
         got = read_page(client, topic, flt, cursor, s.page_size, s.scan_bound)
         base = [(k, v) for k, v in flt.query() if k not in ("sel", "upto")]
+        history = read_history(client, topic, RECORD_LEDGER_LOOKBACK)  # the redriven marks
+        marks = replayed_lookup(history)
+        redriven = {(r.message.partition, r.message.offset): marks.get(ledger_key(r.dead))
+                    for r in got.rows if r.dead is not None}
         return page(request, "dlq.html", topic=topic, page=got, filter=flt, base=base,
+                    redriven=redriven, history=history, lookback=RECORD_LEDGER_LOOKBACK,
                     next_url=None if got.next is None else _url(
                         f"/dlq/{topic}", [*base, ("from", cursor_text(got.next))]),
                     nav="dlq")
@@ -227,7 +239,12 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
                 where = f"{mark.target}" + ("" if mark.target_partition is None
                                             else f"/{mark.target_partition}")
                 replayed = (mark.at, where)
-        view = record_view(row.message, dead, row.problem, s.avro_schema, replayed)
+        through = None
+        if s.registry is not None:
+            from kworkers.kafka.schema_registry import describe, registry_client
+
+            through = describe(registry_client(s.registry), row.message.value, s.registry)
+        view = record_view(row.message, dead, row.problem, s.avro_schema, replayed, through)
         return page(request, "record.html", topic=topic, view=view, history=history,
                     replayed=replayed is not None, lookback=RECORD_LEDGER_LOOKBACK, nav="dlq")
 
@@ -269,8 +286,10 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         target = (fields.get("to") or [""])[0].strip() or None
         what = _describe(flt, target)
 
+        actor = _operator(request.state.operator)
+
         def run(progress: Callable[[int, int], None]) -> Any:
-            return run_redrive(client, topic, flt, target, progress)
+            return run_redrive(client, topic, flt, target, progress, actor, what)
 
         await run_in_threadpool(preflight)
         job = work.start(topic, what, run, client.redact)
@@ -305,7 +324,7 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         preflight()
         require_topic(client, topic, hint="is the DLQ name <topic>.dlq?")
         return page(request, "history.html", topic=topic, history=read_history(client, topic),
-                    jobs=work.recent(topic), nav="dlq")
+                    jobs=work.recent(topic), audit=read_audit(client, topic), nav="dlq")
 
     # --- errors --------------------------------------------------------------------------
 
@@ -360,6 +379,15 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
     ]
     return Starlette(routes=routes, exception_handlers=handlers, middleware=[
         Middleware(Guard, settings=s, secret=guard_secret, pages=pages)])
+
+
+def _operator(name: str | None) -> Actor:
+    """Who the audit names for a console redrive: the operator's token name, the unnamed
+    token, or (no token: a loopback console) whoever runs the console process."""
+    if name is None:
+        me = Actor.of_process("console")
+        return Actor(f"{me.who} (loopback console, no token)", "console")
+    return Actor(name if name != UNNAMED else "the console token (unnamed)", "console")
 
 
 def _describe(flt: ConsoleFilter, target: str | None) -> str:

@@ -3,9 +3,11 @@
 Pure functions on header values; ``kworkers.console.app`` applies them to every request.
 
 - **Token.** When the console has one, every request carries it: ``Authorization: Bearer
-  <token>`` (scripts, curl), or HTTP Basic with the token as the password and any user name,
-  so a browser asks for it with its own dialog and the pages need no script. Compared in
-  constant time.
+  <token>`` (scripts, curl), or HTTP Basic with the token as the password, so a browser asks
+  for it with its own dialog and the pages need no script. Compared in constant time. With
+  named tokens (one per operator) the token says who is asking, and Basic's user name must be
+  that name; the redrive audit records it. One unnamed token takes any user name (and the
+  audit records only "token": a typed name proves nothing).
 - **Host.** A console without a token is on loopback; it answers only requests whose ``Host``
   names a loopback address, so a web page cannot reach it by pointing a name of its own at
   127.0.0.1 (DNS rebinding).
@@ -24,9 +26,10 @@ import binascii
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from kworkers.console.settings import is_loopback
+from kworkers.console.settings import UNNAMED, is_loopback
 
 SESSION_COOKIE = "kw_console_session"
 CSRF_FIELD = "csrf_token"
@@ -45,22 +48,31 @@ def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
 
 
-def token_ok(authorization: str | None, token: str) -> bool:
-    """Whether an ``Authorization`` header carries ``token`` (Bearer, or Basic's password)."""
+def identify(authorization: str | None, tokens: Mapping[str, str]) -> str | None:
+    """The name of the token an ``Authorization`` header carries (``tokens``: name ->
+    token), or None. Every token is compared, in constant time, whichever matches."""
     if not authorization:
-        return False
+        return None
     scheme, _, value = authorization.strip().partition(" ")
     value = value.strip()
-    if scheme.lower() == "bearer":
-        return _same(value, token)
+    user: str | None = None
     if scheme.lower() == "basic":
         try:
             decoded = base64.b64decode(value, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        _user, sep, password = decoded.partition(":")
-        return bool(sep) and _same(password, token)
-    return False
+            return None
+        user, sep, value = decoded.partition(":")
+        if not sep:
+            return None
+    elif scheme.lower() != "bearer":
+        return None
+    found = None
+    for name, token in tokens.items():
+        if _same(value, token) and found is None:
+            found = name
+    if found is None or (user is not None and found != UNNAMED and user != found):
+        return None
+    return found
 
 
 def loopback_host(host_header: str | None) -> bool:

@@ -1,6 +1,6 @@
 """The Groups pages: each worker group with its retry group, lag, KEDA's answer and members.
 
-The lag is ``kworkers lag``'s own reading (``kworkers.cli.lag.read_lag``: KEDA's rules, the
+The lag is ``kworkers lag``'s own reading (``kworkers.lag_reading.read_lag``: KEDA's rules, the
 retry tier group apart, waiting vs due counted from a bounded read), the replica count is
 ``kworkers.keda.desired_replicas`` on those offsets, the members and their assignments come
 from the admin client's ``describe_consumer_groups``, and the breaker from the workers'
@@ -12,15 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException
-
-from kworkers.cli.lag import committed_topics, read_lag
 from kworkers.console.breaker import Endpoint, read_endpoints
 from kworkers.console.settings import ConsoleSettings
 from kworkers.kafka import clients
+from kworkers.kafka.errors import KafkaError, KafkaException
+from kworkers.kafka.offsets import group_topics
 from kworkers.keda import PartitionOffsets, ScaleDecision, ScalerSettings, desired_replicas
-from kworkers.lag import GroupLag
-from kworkers.topic_names import DLQ_SUFFIX, RETRY_GROUP_SUFFIX, dlq_topic, retry_group
+from kworkers.lag import RENDERED_RESET_POLICY, GroupLag
+from kworkers.lag_reading import read_lag
+from kworkers.topic_names import (
+    DLQ_SUFFIX,
+    RETRY_GROUP_SUFFIX,
+    dlq_topic,
+    retry_group,
+    topic_order,
+)
 
 
 @dataclass(frozen=True)
@@ -152,8 +158,8 @@ def describe(s: ConsoleSettings, groups: Sequence[str]) -> list[Members]:
             for tp in tps or []:
                 by_topic.setdefault(tp.topic, []).append(tp.partition)
             members.append(Member(m.member_id, m.client_id, m.host, " ".join(
-                f"{t}[{','.join(map(str, sorted(ps)))}]"
-                for t, ps in sorted(by_topic.items())) or "(nothing assigned)"))
+                f"{t}[{','.join(map(str, sorted(by_topic[t])))}]"
+                for t in sorted(by_topic, key=topic_order)) or "(nothing assigned)"))
         node = d.coordinator
         out.append(Members(g, _name(d.state), _name(getattr(d, "type", "unknown")),
                            d.partition_assignor or "-",
@@ -169,7 +175,7 @@ def tier_backlogs(retry: GroupLag) -> list[TierBacklog]:
         t = out.get(p.topic, TierBacklog(p.topic, 0, 0, 0, False))
         out[p.topic] = TierBacklog(p.topic, t.lag + p.lag, t.waiting + (p.waiting or 0),
                                    t.due + (p.due or 0), t.truncated or p.truncated)
-    return [out[t] for t in sorted(out)]
+    return [out[t] for t in sorted(out, key=topic_order)]
 
 
 def scale_of(s: ConsoleSettings, main: GroupLag, current: int) -> Scale:
@@ -179,8 +185,9 @@ def scale_of(s: ConsoleSettings, main: GroupLag, current: int) -> Scale:
              for p in main.partitions]
     top = s.max_replicas if s.max_replicas is not None else max(1, len(parts))
     low = min(s.min_replicas, top)
-    decision = desired_replicas(ScalerSettings(lag_threshold=s.lag_threshold), parts, None,
-                                current, low, top)
+    decision = desired_replicas(ScalerSettings(lag_threshold=s.lag_threshold,
+                                               offset_reset_policy=RENDERED_RESET_POLICY),
+                                parts, None, current, low, top)
     return Scale(decision, s.lag_threshold, low, top, current)
 
 
@@ -188,10 +195,10 @@ def group_view(s: ConsoleSettings, group: str) -> GroupView:
     have = clients.list_topics(s.client, timeout=s.connect_timeout)
     retry = retry_group(group)
     members = describe(s, [group, retry])
-    sources = [t for t in committed_topics(s.client, group) if t in have]
+    sources = [t for t in group_topics(s.client, group) if t in have]
     main = tier = None
     if sources:
-        main, tier = read_lag(s.client, group, sources, "latest", False)
+        main, tier = read_lag(s.client, group, sources, RENDERED_RESET_POLICY, False)
     current = len(members[0].members)
     breakers = read_endpoints(s.metrics_urls) if s.metrics_urls else None
     dlqs = sorted({dlq_topic(t) for t in sources} & {t for t in have if t.endswith(DLQ_SUFFIX)})

@@ -6,8 +6,9 @@ redrive's own ``progress(done, total)`` callback) until it ends with the redrive
 its one-line error. One redrive per DLQ at a time: a second would only be fenced by the first's
 transactional id, so it is refused up front with a clear message instead.
 
-Jobs live in this process's memory: after a restart the ledger (the History page) is the
-record of what was replayed, which is the truth anyway.
+Jobs live in this process's memory: after a restart the History page still has every
+redrive, from any console or the CLI, from the DLQ's audit topic (who, when, what, how it
+ended: ``kworkers.dlq.audit``) and its ledger (each replay).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """One DLQ record as the record page shows it: value views, headers, failure history, trace.
 
 The value is bytes of unknown shape, so it is shown every way that applies: as text when it is
-printable UTF-8, always as a hex dump (bounded), as a kworkers task envelope when it decodes as
+printable UTF-8, always as a hex dump (bounded), through the schema registry when the console
+was given one (``--schema-registry``: schema id, type, subject, the value as JSON; decoded by
+the caller with ``kworkers.kafka.schema_registry``), as a kworkers task envelope when it decodes as
 one, and as Avro when the console was given a writer schema (``--avro-schema``; the Confluent
 wire format and Avro single-object encoding are recognised by their prefix, anything else is
 read as bare Avro). A value that does not decode says why; nothing is hidden.
@@ -11,7 +13,7 @@ last failed attempts, when it was dead-lettered and why, the dead letter it was 
 (``kw-redrive-of``: it had died before, was redriven and died again), and whether a redrive
 replayed it since (the ledger, read by the caller).
 
-Pure: formatting reuses ``kworkers.cli.dlq_format``, the one way dead letters are printed.
+Pure: formatting reuses ``kworkers.dlq.format``, the one way dead letters are printed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kworkers.cli.dlq_format import as_text, envelope_text, header_text, iso
+from kworkers.dlq.format import as_text, envelope_text, header_text, iso
 from kworkers.dlq.record import DeadLetter
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import (
@@ -36,6 +38,9 @@ from kworkers.retry_tiers.headers import (
     last_value,
 )
 from kworkers.tracing import trace_context_of
+
+if TYPE_CHECKING:
+    from kworkers.kafka.schema_registry import ValueView
 
 #: The hex dump shows at most this many bytes of a value.
 HEX_LIMIT = 4096
@@ -73,6 +78,8 @@ class RecordView:
     envelope: list[str] | None
     avro: str | None
     avro_problem: str | None
+    #: the value through the schema registry (schema id, type, subjects, JSON or why not)
+    registry: ValueView | None
     headers: list[HeaderRow]
     history: list[Event]
     trace_id: str | None
@@ -152,7 +159,8 @@ def history_of(msg: Message, dead: DeadLetter | None,
 
 def record_view(msg: Message, dead: DeadLetter | None, problem: str | None,
                 avro_schema: Any = None,
-                replayed: tuple[float | None, str] | None = None) -> RecordView:
+                replayed: tuple[float | None, str] | None = None,
+                registry: ValueView | None = None) -> RecordView:
     value = msg.value
     text = as_text(value) if value is not None else None
     hex_lines, hex_cut = hex_dump(value or b"")
@@ -167,7 +175,7 @@ def record_view(msg: Message, dead: DeadLetter | None, problem: str | None,
     return RecordView(
         message=msg, dead=dead, problem=problem, text=text, hex_lines=hex_lines,
         hex_truncated=hex_cut, envelope=envelope_text(value), avro=avro,
-        avro_problem=avro_problem,
+        avro_problem=avro_problem, registry=registry,
         headers=[HeaderRow(k, _shown(k, v), _kind(k)) for k, v in msg.headers],
         history=history_of(msg, dead, replayed),
         trace_id=None if parent is None else parent.trace_id,

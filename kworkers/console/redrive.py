@@ -19,9 +19,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from kworkers.console.dlq_filter import ConsoleFilter
+from kworkers.dlq.audit import Actor
+from kworkers.dlq.ledger import read_ledger
 from kworkers.dlq.reader import read_dlq
 from kworkers.dlq.record import DeadLetter
-from kworkers.dlq.redrive import Progress, RedriveSummary, read_ledger, redrive
+from kworkers.dlq.redrive import Progress, RedriveSummary, redrive
 from kworkers.dlq.redrive_plan import RedrivePlan, Refused, Replay, plan
 from kworkers.kafka import clients
 from kworkers.kafka.clients import TopicNotFound
@@ -90,6 +92,8 @@ def plan_redrive(client: ClientSettings, dlq: str, flt: ConsoleFilter,
 
 
 def run_redrive(client: ClientSettings, dlq: str, flt: ConsoleFilter, target: str | None,
-                progress: Progress) -> RedriveSummary:
-    """The confirmed redrive: ``kworkers.dlq.redrive.redrive``, as ``kworkers dlq redrive``."""
-    return redrive(client, dlq, target, flt, dry_run=False, progress=progress)
+                progress: Progress, actor: Actor, selection: str) -> RedriveSummary:
+    """The confirmed redrive: ``kworkers.dlq.redrive.redrive``, as ``kworkers dlq redrive``,
+    audited in the operator's name (``kworkers.dlq.audit``)."""
+    return redrive(client, dlq, target, flt, dry_run=False, progress=progress, actor=actor,
+                   selection=selection)

@@ -12,10 +12,13 @@ Pure: nothing here imports the web stack or a client library.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import MASK, ClientSettings
+from kworkers.payloads.settings import RegistrySettings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -42,12 +45,41 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, token: str | None) -> None:
+#: the name an unnamed token (``KWORKERS_CONSOLE_TOKEN``, a one-line token file) stands for
+UNNAMED = "token"
+_OPERATOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+
+
+def parse_tokens(text: str, where: str) -> tuple[str | None, dict[str, str]]:
+    """A token file: one bare token (unnamed), or ``NAME:TOKEN`` lines, one per operator
+    (``#`` comments, blank lines). Named tokens make the audit name who redrove what."""
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.strip().startswith("#")]
+    if not lines:
+        raise ConfigError(f"{where}: the file is empty")
+    if len(lines) == 1 and ":" not in lines[0]:
+        return lines[0], {}
+    named: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        name, sep, token = line.partition(":")
+        if not sep or not _OPERATOR.fullmatch(name.strip()) or not token.strip():
+            raise ConfigError(f"{where}: entry {n}: expected NAME:TOKEN (one operator a line)")
+        if name.strip() in named:
+            raise ConfigError(f"{where}: {name.strip()!r} is named twice")
+        named[name.strip()] = token.strip()
+    return None, named
+
+
+def check_exposure(host: str, tokens: Collection[str]) -> None:
     """Refuse a console reachable from other machines without a token, or a weak token."""
-    if token is not None and len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(f"console token: at least {MIN_TOKEN_LENGTH} characters, got "
-                          f"{len(token)}")
-    if token is None and not is_loopback(host):
+    for token in tokens:
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(f"console token: at least {MIN_TOKEN_LENGTH} characters, got "
+                              f"{len(token)}")
+    if len(set(tokens)) != len(list(tokens)):
+        raise ConfigError("console tokens: two operators share a token (the audit could not "
+                          "tell them apart)")
+    if not tokens and not is_loopback(host):
         raise ConfigError(f"binding the console to {host} makes it reachable from other "
                           f"machines: set a token ({TOKEN_ENV} or --token-file), or bind to "
                           "127.0.0.1")
@@ -59,7 +91,8 @@ class ConsoleSettings:
 
     ``metrics_urls``: worker ``/metrics`` endpoints the Groups page reads the breaker state
     from. ``groups``: show only these worker groups (default: every group). ``avro_schema``:
-    the parsed writer schema dead-letter values are decoded with, when one is configured.
+    the parsed writer schema dead-letter values are decoded with, when one is configured;
+    ``registry``: the schema registry Confluent-framed values are decoded through.
     KEDA's trigger: ``lag_threshold``, ``min_replicas``, ``max_replicas`` (None: the
     partition count, the most replicas that can have work). ``workflow_store``: where the
     Workflows pages read the engine's tables (None: the pages say how to configure it).
@@ -70,9 +103,12 @@ class ConsoleSettings:
     port: int = DEFAULT_PORT
     read_only: bool = False
     token: str | None = None
+    #: named tokens, operator name -> token (a token file of NAME:TOKEN lines)
+    tokens: Mapping[str, str] = field(default_factory=dict)
     metrics_urls: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     avro_schema: object | None = None
+    registry: RegistrySettings | None = None
     scan_bound: int = DEFAULT_SCAN_BOUND
     page_size: int = DEFAULT_PAGE_SIZE
     lag_threshold: int = 10
@@ -84,7 +120,7 @@ class ConsoleSettings:
     workflow_tables: str = "kworkers_wf"
 
     def __post_init__(self) -> None:
-        check_exposure(self.host, self.token)
+        check_exposure(self.host, list(self.credentials.values()))
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: 0..65535, got {self.port}")
         if self.page_size < 1 or self.scan_bound < self.page_size:
@@ -99,10 +135,15 @@ class ConsoleSettings:
                 raise ConfigError(f"metrics URL {url!r}: expected http(s)://host:port/metrics")
 
     @property
+    def credentials(self) -> dict[str, str]:
+        """Every token the console accepts, by the name the audit records for it."""
+        return {**({UNNAMED: self.token} if self.token is not None else {}), **self.tokens}
+
+    @property
     def loopback_only(self) -> bool:
         return is_loopback(self.host)
 
     def __repr__(self) -> str:
-        token = None if self.token is None else MASK
+        token = None if not self.credentials else MASK
         return (f"ConsoleSettings({self.client!r}, host={self.host!r}, port={self.port}, "
                 f"read_only={self.read_only}, token={token!r})")

@@ -1,10 +1,30 @@
-"""Which partitions to pause and resume: one pure decision over explicit inputs.
+"""Which partitions to pause and resume, and how much one poll may take: one pure decision.
 
-Why pure and in one place: every reason to stop fetching (too much in flight overall or on one
-partition, a full timer heap, a drain, an open circuit breaker) is an input here, so a new
-reason is one more input rather than another branch in the poll loop, and the whole policy is
-tested without a consumer. Pausing keeps records in Kafka instead of in memory; hysteresis
-(resume only at half the limit) keeps a partition from flapping between the two.
+Why pure and in one place: every reason to stop fetching (a partition holding its share, a
+drain, an open circuit breaker) is an input here, so a new reason is one more input rather than
+another branch in the poll loop, and the whole policy is tested without a consumer. Pausing
+keeps records in Kafka instead of in memory; hysteresis (resume only at half the share) keeps a
+partition from flapping between the two.
+
+The admission rule (why shares, not one global cap): each assigned partition may hold
+``share`` records, an even split of ``max_in_flight`` over the assigned partitions (at most
+``per_partition``; for a tier loop also an even split of the timer heap's capacity). A
+partition is paused only for what *it* holds, never because others hold a lot: a global
+"pause everything at ``max_in_flight``, resume at half" lets a backlog on some partitions keep
+another, with nothing of its own in flight, paused for as long as the backlog lasts. A resume
+can therefore never leave a partition paused with nothing of its own in flight (outside a drain
+or an open breaker).
+
+The bound: a partition is paused at the end of the poll step in which it reached its share, so
+it holds at most its share plus what that one poll gave it; and one poll takes at most
+``poll_size`` records: the room left under the global bound ``B`` (at least one). Overshoot
+past a share is only ever created by a poll taken while the total was under ``B`` (a one-record
+poll cannot cross a share), and it only shrinks afterwards, so all overshoot together stays
+under ``B``; the shares add up to at most ``max(B, partitions)``. Hence at most
+``B + max(B, partitions)`` records, ``2 B`` for any sensible assignment, and about ``B`` plus
+one poll in practice (docs/RELIABILITY.md states it with the defaults). When an assignment grows,
+the shares shrink and the partitions kept may hold their old, larger share until they drain:
+nothing more is fetched for them meanwhile.
 """
 
 from __future__ import annotations
@@ -23,11 +43,26 @@ class Limits:
     #: capacity of the retry loop's timer heap (None: no heap)
     buffer_capacity: int | None = None
 
+    def share(self, partitions: int) -> int:
+        """What one of ``partitions`` assigned partitions may hold before it is paused."""
+        n = max(1, partitions)
+        share = min(self.per_partition, self.max_in_flight // n)
+        if self.buffer_capacity is not None:
+            share = min(share, self.buffer_capacity // n)
+        return max(1, share)
+
+    def bound(self) -> int:
+        """The global bound one poll's size is kept under."""
+        if self.buffer_capacity is None:
+            return self.max_in_flight
+        return min(self.max_in_flight, self.buffer_capacity)
+
 
 class PartitionLoad(NamedTuple):
     tp: TP
     #: records held for the partition: from its lowest incomplete offset on, completed or not
-    #: (one record whose hand-off is stuck keeps everything behind it uncommittable)
+    #: (one record whose hand-off is stuck keeps everything behind it uncommittable); a tier
+    #: partition's records waiting in the timer heap are among them
     in_flight: int
     paused: bool
 
@@ -35,43 +70,40 @@ class PartitionLoad(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Load:
     parts: Sequence[PartitionLoad]
-    #: records waiting in the timer heap
-    buffered: int = 0
-    #: the heap was full at the last decision and has not drained to half since
-    buffer_full: bool = False
     #: a graceful stop is under way: fetch nothing more
     draining: bool = False
     #: the circuit breaker is not closed: keep the backlog in Kafka
     breaker_open: bool = False
+    #: the member fenced itself: fetch nothing while it may not be one
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     pause: tuple[TP, ...]
     resume: tuple[TP, ...]
-    #: carry into the next ``Load.buffer_full``
-    buffer_full: bool
     in_flight: int
+    #: each partition's share under this assignment
+    share: int
 
 
 def decide(limits: Limits, load: Load) -> Decision:
     total = sum(p.in_flight for p in load.parts)
-    buffer_full = load.buffer_full
-    cap = limits.buffer_capacity
-    if cap is not None:
-        if load.buffered >= cap:
-            buffer_full = True
-        elif load.buffered <= cap // 2:
-            buffer_full = False
-    stop_all = (load.draining or load.breaker_open or buffer_full
-                or total >= limits.max_in_flight)
-    room = total <= limits.max_in_flight // 2
+    share = limits.share(len(load.parts))
+    stop_all = load.draining or load.breaker_open or load.fenced
+    low = share // 2
     pause: list[TP] = []
     resume: list[TP] = []
     for p in load.parts:
-        if not p.paused and (stop_all or p.in_flight >= limits.per_partition):
+        if not p.paused and (stop_all or p.in_flight >= share):
             pause.append(p.tp)
-        elif (p.paused and not stop_all and room
-              and p.in_flight <= limits.per_partition // 2):
+        elif p.paused and not stop_all and p.in_flight <= low:
             resume.append(p.tp)
-    return Decision(tuple(pause), tuple(resume), buffer_full, total)
+    return Decision(tuple(pause), tuple(resume), total, share)
+
+
+def poll_size(limits: Limits, held: int, batch: int) -> int:
+    """How many records the next poll may take: a full batch while there is room under the
+    global bound, down to one when there is none (a partition that holds nothing still gets
+    records, one poll at a time, while others drain their overshoot)."""
+    return max(1, min(batch, limits.bound() - held))

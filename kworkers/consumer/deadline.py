@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from kworkers.clock import Clock
-from kworkers.consumer.partition import Item, Lane, PartitionState
+from kworkers.consumer.partition import Item, Lane, Partition
 from kworkers.message import Message
 
 log = logging.getLogger("kworkers.consumer")
@@ -32,7 +32,7 @@ class DeadlineWatch:
         self.restart = restart
         self._last = float("-inf")
 
-    def check(self, parts: Iterable[PartitionState]) -> None:
+    def check(self, parts: Iterable[Partition]) -> None:
         now = self.clock.monotonic()
         if now - self._last < CHECK_INTERVAL_S:
             return
@@ -42,14 +42,10 @@ class DeadlineWatch:
                 cur = lane.current
                 if cur is None or now - lane.started < self.limit:
                     continue
-                with lane.lock:
-                    if lane.current is not cur or not lane.running:
-                        continue
-                    lane.incarnation += 1
-                    rest = lane.batch[lane.pos + 1:] + lane.queue
-                    timed_out: Message | list[Message] = lane.chunk or cur
-                    lane.queue, lane.batch, lane.current, lane.chunk = [], [], None, None
-                    inc = lane.incarnation
+                taken = lane.take_over(cur)
+                if taken is None:
+                    continue
+                rest, inc, timed_out = taken
                 log.warning("%s/%d@%d exceeded its %.1fs deadline", cur.topic, cur.partition,
                             cur.offset, self.limit)
                 self.restart(lane, rest, inc, timed_out)

@@ -45,11 +45,14 @@ class Dispatcher:
                 group.append(m)
         key_mode, gate = self.key_mode, self.gate
         now = self.clock.now()
+        mono = self.clock.monotonic
         for tp, group in by_tp.items():
             ps = parts.get(tp)
             if ps is None:
                 continue  # fetched before a revoke: the new owner reads it again
             offsets = [m[2] for m in group]
+            if not ps.tracker.window:  # work for an idle partition: its stall clock restarts
+                ps.progress_at = mono()
             tracked = ps.tracker.track_many(offsets)
             if len(tracked) != len(offsets):  # a refetch after pause/resume
                 keep = set(tracked)
@@ -81,17 +84,9 @@ class Dispatcher:
             self.enqueue(lane, items)
 
     def enqueue(self, lane: Lane, items: list[Item]) -> None:
-        with lane.lock:
-            if lane.running:
-                lane.queue.extend(items)
-                return
-            if lane.queue:  # records a runner held back (breaker open) go first
-                items, lane.queue = lane.queue + items, []
-            if not items:
-                return
-            lane.running = True
-            inc = lane.incarnation
-        self.runner.start(lane, items, inc)
+        start = lane.offer(items)
+        if start is not None:
+            self.runner.start(lane, *start)
 
     def kick(self) -> None:
         """Restarts lanes that hold records but no runner (held while the breaker was open)."""
@@ -99,5 +94,5 @@ class Dispatcher:
             if ps.halted:
                 continue
             for lane in ps.all_lanes():
-                if lane.queue and not lane.running:
+                if lane.held():
                     self.enqueue(lane, [])

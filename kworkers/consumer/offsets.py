@@ -15,7 +15,7 @@ from collections import deque
 class OffsetTracker:
     """Per-partition commit position; never moves backwards."""
 
-    __slots__ = ("_committed", "_done", "_last", "_pending", "_position")
+    __slots__ = ("_committed", "_done", "_last", "_pending", "_position", "_unseen")
 
     def __init__(self) -> None:
         self._pending: deque[int] = deque()  # tracked, in fetch order; head = lowest in flight
@@ -23,6 +23,9 @@ class OffsetTracker:
         self._last = -1  # highest offset tracked
         self._position: int | None = None  # next offset to commit (None: nothing completed yet)
         self._committed: int | None = None
+        #: the consumer handed over records this tracker never saw (fetched during a drain and
+        #: given back): the consumer's position no longer vouches for what lies between
+        self._unseen = False
 
     def track(self, offset: int) -> None:
         """Registers a fetched offset as in flight. Offsets must arrive in increasing order."""
@@ -98,6 +101,24 @@ class OffsetTracker:
         if pos is None or (self._committed is not None and pos <= self._committed):
             return None
         return pos
+
+    def advance(self, position: int) -> bool:
+        """Moves the position to ``position`` (the consumer's own, one past what it read) when
+        nothing is in flight and it is ahead: the offsets between were no records for the
+        application (transaction markers, aborted records), and a position left before them
+        shows a lag that never goes away (KEDA never scales to zero). True when it moved."""
+        if self._unseen or self._pending or position <= self._last + 1:
+            return False
+        if self._position is not None and position <= self._position:
+            return False
+        self._last = position - 1
+        self._position = position
+        return True
+
+    def given_back(self) -> None:
+        """The consumer handed over records of this partition that were not tracked (polled
+        during a drain, dropped): from now on ``advance`` never moves past them."""
+        self._unseen = True
 
     def mark_committed(self, position: int) -> None:
         if self._committed is None or position > self._committed:

@@ -19,35 +19,45 @@ import threading
 from collections.abc import Iterable
 
 from kworkers.clock import Clock
-from kworkers.config import WorkerConfig
-from kworkers.consumer import backpressure
+from kworkers.consumer import backpressure, observe
 from kworkers.consumer.breaker import State
-from kworkers.consumer.commit import CommitOutcome
+from kworkers.consumer.buffered import BufferedHandOffs
+from kworkers.consumer.commit import CommitOutcome, Run
 from kworkers.consumer.committer import Committer
 from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.dispatch import Dispatcher
+from kworkers.consumer.fencing import Membership
 from kworkers.consumer.partition import PartitionState
-from kworkers.consumer.ports import TP, ConsumerPort
+from kworkers.consumer.ports import TP, ConsumerPort, TransactionPort
 from kworkers.consumer.runner import Runner
+from kworkers.consumer.settings import POLL_TIMEOUT_S, LoopSettings
+from kworkers.consumer.stall import PartitionView
+from kworkers.consumer.stall_watch import LagSource, StallWatch
 from kworkers.consumer.tier_gate import TierGate
-from kworkers.metrics import Metrics
+from kworkers.consumer.transactional import TransactionalCommitter
+from kworkers.metrics import Metrics, observe_many
 from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.consumer")
 
-POLL_TIMEOUT = 0.1
 #: how often the consumer-lag gauge is refreshed (from the client's cached watermarks)
 LAG_INTERVAL_S = 5.0
+#: how often the poll thread publishes its partitions' state for the stall watch
+VIEWS_INTERVAL_S = 0.5
+#: how often a fenced member whose coordinator answers again asks whether it is a member
+PROBE_EVERY_S = 1.0
 
 
 class Processor:
-    def __init__(self, config: WorkerConfig, consumer: ConsumerPort, topics: Iterable[str],
+    def __init__(self, settings: LoopSettings, consumer: ConsumerPort, topics: Iterable[str],
                  runner: Runner, metrics: Metrics, clock: Clock, supervisor: Supervisor,
-                 gate: TierGate | None = None) -> None:
-        self.config = config
+                 gate: TierGate | None = None, offsets: LagSource | None = None,
+                 membership: Membership | None = None,
+                 transactions: TransactionPort | None = None) -> None:
+        self.settings = settings
         self.supervisor = supervisor
         #: a handler call running this long counts as a hung runner (None: no bound)
-        self.stall_bound = config.stall_bound()
+        self.stall_bound = settings.hung_call_bound()
         self.consumer = consumer
         self.topics = list(topics)
         self.runner = runner
@@ -56,28 +66,59 @@ class Processor:
         self.group = group = consumer.group
         self.metrics = metrics
         self.parts: dict[TP, PartitionState] = {}
-        self.committer = Committer(consumer, metrics, group)
+        self.committer: Committer | TransactionalCommitter
+        if transactions is None:
+            self.committer = Committer(consumer, metrics, group, clock,
+                                       settings.commit.timeout_s)
+        else:  # exactly once: positions, outputs and hand-offs in one transaction
+            if not isinstance(runner.hand_offs, BufferedHandOffs):
+                raise TypeError("an exactly-once loop's runner buffers its hand-offs "
+                                "(BufferedHandOffs)")
+            self.committer = TransactionalCommitter(
+                consumer, transactions, runner.hand_offs, metrics, group, clock,
+                settings.commit.timeout_s, supervisor)
+        #: self-fencing (None: off, or the session timeout is not known)
+        self.membership = membership
+        #: completions counted in the periodic commit now in flight
+        self._sent_count = 0
+        #: a fenced member's question to the coordinator (``_fence``)
+        self._probe: Run | None = None
+        self._probe_at = float("-inf")
         # batch handlers take whole partitions (keys stay in order inside a batch)
-        key_lanes = config.ordering == "key" and runner.batch is None
+        key_lanes = settings.ordering == "key" and runner.batch is None
         self.dispatcher = Dispatcher(self.parts, runner, key_lanes, gate, clock)
-        self.watch = (DeadlineWatch(config.message_timeout, clock, runner.start)
-                      if runner.watched and config.message_timeout is not None else None)
-        self.limits = backpressure.Limits(config.max_in_flight, config.max_in_flight_per_partition,
-                                          config.delay_buffer if gate is not None else None)
+        self.watch = (DeadlineWatch(runner.timeout, clock, runner.start)
+                      if runner.watched and runner.timeout is not None else None)
+        self.limits = backpressure.Limits(
+            settings.max_in_flight, settings.max_in_flight_per_partition,
+            gate.capacity if gate is not None else None)
+        #: records held at the last backpressure decision (what the next poll may add to)
+        self._held = 0
+        #: the partitions as the stall watch sees them (replaced whole, never mutated)
+        self.stall_views: tuple[PartitionView, ...] = ()
+        self._last_views = float("-inf")
+        self.stall_watch = StallWatch(
+            self.group, settings.partition_stall_bound(), lambda: self.stall_views, offsets,
+            clock, supervisor,
+            lambda tp: metrics.partition_stalled.labels(self.group, tp[0], str(tp[1])))
+        self._m_paused_by = {why: metrics.paused.labels(group, why)
+                             for why in ("backpressure", "breaker", "draining", "fenced")}
+        self._m_member_fenced = metrics.member_fenced.labels(group)
+        self._m_member_fenced.set(0)
         self._m_ok = metrics.records.labels(group, "ok")
         self._m_retried = metrics.records.labels(group, "retried")
         self._m_dead = metrics.records.labels(group, "dead_lettered")
         self._m_skipped = metrics.records.labels(group, "skipped")
         self._m_duration = metrics.handler_duration.labels(group)
         self._m_in_flight = metrics.in_flight.labels(group)
-        self._m_paused = metrics.paused.labels(group)
         self._m_fenced = metrics.fenced.labels(group)
         self._since_commit = 0
         self._last_commit = clock.monotonic()
         self._last_lag = float("-inf")
-        self._buffer_full = False
         self._breaker_was_open = False
         self._draining = False
+        #: the drain has waited for the work under way (and given up on what is left)
+        self._drained = False
         self._stop = threading.Event()
         self.ready = threading.Event()
         self.closed = threading.Event()
@@ -100,24 +141,26 @@ class Processor:
 
     def run(self) -> None:
         self.consumer.subscribe(self.topics, self._on_assign, self._on_revoke, self._on_lost)
+        self.stall_watch.start()
+        self.supervisor.watch(f"kworkers-stall-{self.group}", self.stall_watch.alive)
         try:
             while not self._stop.is_set():
                 self._step()
             self._drain()
         finally:
-            try:
-                self.consumer.close()  # a clean leave; revokes (and commits) what is left
-            except Exception:
-                log.exception("consumer close failed")
+            self._close()
+            self.committer.close()
             for ps in self.parts.values():
                 ps.stop_dispatch()
             self.parts.clear()
+            self.stall_watch.close()
             self.closed.set()
 
     def _step(self) -> None:
         gate = self.gate
-        timeout = POLL_TIMEOUT if gate is None else gate.wait_bound(POLL_TIMEOUT)
-        msgs = self.consumer.poll_batch(self.config.consume_batch, timeout)
+        timeout = POLL_TIMEOUT_S if gate is None else gate.wait_bound(POLL_TIMEOUT_S)
+        msgs = self.consumer.poll_batch(
+            backpressure.poll_size(self.limits, self._held, self.settings.consume_batch), timeout)
         self.ready.set()
         if msgs:
             self.dispatcher.dispatch(msgs)
@@ -137,10 +180,84 @@ class Processor:
         now = self.clock.monotonic()
         if now - self._last_lag >= LAG_INTERVAL_S:
             self._last_lag = now
-            self._report_lag()
-        if self.config.commit.should_commit(now, self._last_commit, self._since_commit):
-            self._commit(list(self.parts.values()), "periodic")
+            observe.report_lag(self.parts.values(), self.consumer, self.metrics.lag, self.group)
+        if now - self._last_views >= VIEWS_INTERVAL_S:
+            self._last_views = now
+            decoder, pacer = self.runner.decoder, self.runner.pacer
+            self.stall_views = observe.stall_views(
+                self.parts.values(), self.runner.runtime.calling(), self.gate,
+                self._draining, self._breaker_was_open,
+                decoder.waiting() if decoder is not None else frozenset(), self._fenced,
+                pacer.waiting() if pacer is not None else frozenset())
+        self._commits(now)
+
+    @property
+    def _fenced(self) -> bool:
+        return self.membership is not None and self.membership.fenced
+
+    def _commits(self, now: float) -> None:
+        """Commit outcomes in, the membership checked, then a periodic commit when due: sent,
+        never waited for (the outcome arrives with a later poll). The completion count falls
+        by what a commit covered only when it is committed, so a deferred or failed commit
+        is tried again at the next interval even when nothing completes any more."""
+        for run in self.committer.tick(self.parts):
+            if run.outcome is not CommitOutcome.COMMITTED:
+                continue
+            if run.why == "periodic":
+                self._since_commit = max(0, self._since_commit - self._sent_count)
+            elif run.why == "probe":
+                self._confirm(now)
+        self._fence(now)
+        if self._fenced or self.committer.periodic_in_flight:
+            return
+        if now - self._last_commit >= self.settings.commit.interval_s:
+            self._since_commit += self.committer.advance_past_markers(list(self.parts.values()))
+        if self.settings.commit.should_commit(now, self._last_commit, self._since_commit) or \
+                (self._since_commit > 0 and self.committer.due):
             self._last_commit = now
+            self._sent_count = self._since_commit
+            if self.committer.start(list(self.parts.values()), "periodic") is None:
+                self._since_commit = 0  # every position already committed
+
+    def _fence(self, now: float) -> None:
+        """Self-fencing (``kworkers.consumer.fencing``): once the coordinator was silent too
+        long, no record starts and nothing is committed; when it answers again, a probe asks
+        whether this member still is one, and only a yes (or a new assignment) ends it."""
+        m = self.membership
+        if m is None:
+            return
+        m.observe(self.consumer.coordinator_contact())
+        if m.update(now):
+            self._set_fenced(True)
+            log.warning("%s: no word from the group coordinator for %.1fs (session %gs, margin "
+                        "%gs): fenced: no record starts and nothing is committed until the "
+                        "group confirms the membership", self.group, m.silent_for(now),
+                        m.session_s, m.margin_s)
+            self.supervisor.degrade(f"membership of {self.group}",
+                                    f"fenced: coordinator silent for {m.silent_for(now):.0f}s")
+            return
+        probe = self._probe
+        if m.may_probe(now) and (probe is None or probe.done) and \
+                now - self._probe_at >= PROBE_EVERY_S:
+            self._probe_at = now
+            self._probe = self.committer.probe(list(self.parts.values()))
+            if self._probe is None:  # nothing done to ask with: contact is all there is
+                self._confirm(now)
+
+    def _confirm(self, now: float) -> None:
+        """The group confirmed this member (a commit accepted, an assignment)."""
+        m = self.membership
+        if m is None or not m.confirm(now):
+            return
+        self._set_fenced(False)
+        log.warning("%s: the group confirms the membership again: working again", self.group)
+        self.supervisor.recover(f"membership of {self.group}")
+        self.dispatcher.kick()
+
+    def _set_fenced(self, fenced: bool) -> None:
+        for ps in self.parts.values():
+            ps.fenced = fenced
+        self._m_member_fenced.set(1 if fenced else 0)
 
     def _drain(self) -> None:
         """A graceful stop: start nothing more, finish what started, commit, then leave.
@@ -151,51 +268,104 @@ class Processor:
         when there is one and by ``drain_timeout`` in any case.
         """
         self._draining = True
-        parts = list(self.parts.values())
-        for ps in parts:
+        for ps in list(self.parts.values()):
             ps.halt()
         self._backpressure()
-        clock = self.clock
-        deadline = clock.monotonic() + self.config.started_work_bound()
-        while any(ps.running() for ps in self.parts.values()) and clock.monotonic() < deadline:
-            self.consumer.poll_batch(self.config.consume_batch, 0.0)  # heartbeats, rebalances
-            self.runner.hand_offs.tick()
-            self._apply_completions(block=0.02)
-        self._apply_completions()
-        left = sum(ps.running() for ps in self.parts.values())
-        if left:
-            log.warning("drain deadline reached with %d handler calls still running; their "
-                        "records will be redelivered", left)
-        self._collect_unreported(list(self.parts.values()))
         # The last commit before leaving decides whether the next owner redelivers anything.
         # A rebalance in progress (other members bouncing) refuses commits until it settles,
         # and it only settles if this member keeps polling: so poll between attempts.
-        deadline = clock.monotonic() + self.config.revoke_timeout
-        while True:
-            if self._commit(list(self.parts.values()), "drain") not in (
-                    CommitOutcome.FAILED, CommitOutcome.DEFERRED):
-                break
-            if clock.monotonic() >= deadline:
-                break
-            self.consumer.poll_batch(self.config.consume_batch, 0.2)
-            self._apply_completions()
+        clock, settings = self.clock, self.settings
+        run = self._finish(list(self.parts.values()), "drain", settings.started_work_bound(),
+                           poll=True)
+        self._drained = True  # the close's revoke must not wait for the same work again
+        deadline = clock.monotonic() + settings.revoke_timeout - settings.close_budget()
+        while run is not None and clock.monotonic() < deadline:
+            self._poll_away(0.05)  # serves the outcome
+            self.committer.tick(self.parts)
+            if not run.done:
+                continue
+            if run.outcome not in (CommitOutcome.FAILED, CommitOutcome.DEFERRED):
+                return
+            run = self.committer.start(list(self.parts.values()), "drain", last_chance=True)
+        if run is not None and not run.done:
+            log.warning("%s: the drain's commit went unanswered for %.1fs; the next owner may "
+                        "get those records again", self.group, settings.revoke_timeout
+                        - settings.close_budget())
+
+    def _close(self) -> None:
+        """A clean leave, bounded: ``Consumer.close`` takes no timeout and hangs on a frozen
+        broker, so it runs on a thread of its own and the worker leaves without it after
+        ``close_budget`` (the group then expires the member after its session)."""
+        def close() -> None:
+            try:
+                self.consumer.close()  # a clean leave; revokes what is left
+            except Exception:
+                log.exception("consumer close failed")
+
+        t = threading.Thread(target=close, name=f"kworkers-close-{self.group}", daemon=True)
+        t.start()
+        t.join(self.settings.close_budget())
+        if t.is_alive():
+            log.warning("%s: the consumer did not close within %.1fs (is the broker "
+                        "reachable?); leaving without it", self.group,
+                        self.settings.close_budget())
+
+    def _finish(self, targets: list[PartitionState], why: str, wait_s: float,
+                poll: bool) -> Run | None:
+        """The one sequence a partition's last commit follows, at a revoke and at the drain
+        before leaving: wait up to ``wait_s`` for the work under way (handler calls and
+        hand-offs; polling meanwhile when not inside a rebalance callback, which itself runs
+        inside a poll), apply what completed, collect what runners finished but did not
+        report, move past transaction markers, commit."""
+        deadline = self.clock.monotonic() + wait_s
+        while any(ps.busy() for ps in targets) and self.clock.monotonic() < deadline:
+            if poll:
+                self._poll_away(0.0)  # heartbeats, rebalances
+            self.runner.hand_offs.tick()
+            self._apply_completions(block=0.02)
+        self._apply_completions()
+        left = sum(ps.running() for ps in targets)
+        if left:
+            log.warning("%s: %s bound reached with %d handler calls or hand-offs still under "
+                        "way; their records will be redelivered", self.group, why, left)
+        self.committer.collect_unreported(targets)
+        if why == "revoke":
+            # Inside a rebalance callback, itself inside a poll: the consumer's position may
+            # already count records of this very poll, not yet dispatched, so it does not
+            # vouch for anything here; and the commit is sent while they are still ours,
+            # never again after the callback.
+            return self.committer.start(targets, why, resendable=False)
+        self.committer.advance_past_markers(targets)
+        return self.committer.start(targets, why, last_chance=True)
+
+    def _poll_away(self, timeout: float) -> None:
+        """A poll whose records are given back, not run (a drain polls for heartbeats and its
+        commit's outcome): their partitions may no longer commit by the consumer's
+        position."""
+        for m in self.consumer.poll_batch(self.settings.consume_batch, timeout):
+            ps = self.parts.get((m[0], m[1]))
+            if ps is not None:
+                ps.tracker.given_back()
 
     # ------------------------------------------------------------------ completions
 
     def _apply_completions(self, block: float = 0.0) -> None:
         parts = self.parts
-        for ps, offsets, retried, dead, elapsed in self.runner.completions(block):
+        now = self.clock.monotonic()
+        for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block):
             n = len(offsets)
             if parts.get(ps.tp) is not ps:
                 if n:
                     self._m_fenced.inc(n)
                 continue
             ps.tracker.complete_many(offsets)
+            ps.progress_at = now
             self._since_commit += n
             ok = n - retried - dead
             if ok:
                 self._m_ok.inc(ok)
-                self._m_duration.observe(elapsed / max(1, n))
+            if calls:
+                observe_many(self._m_duration, elapsed / calls, calls)
             if retried:
                 self._m_retried.inc(retried)
             if dead:
@@ -227,10 +397,9 @@ class Processor:
         decision = backpressure.decide(self.limits, backpressure.Load(
             parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused)
                    for ps in parts],
-            buffered=len(self.gate) if self.gate is not None else 0,
-            buffer_full=self._buffer_full, draining=self._draining,
-            breaker_open=self._breaker_was_open))
-        self._buffer_full = decision.buffer_full
+            draining=self._draining, breaker_open=self._breaker_was_open,
+            fenced=self._fenced))
+        self._held = decision.in_flight
         if decision.pause:
             for tp in decision.pause:
                 self.parts[tp].paused = True
@@ -240,37 +409,15 @@ class Processor:
                 self.parts[tp].paused = False
             self.consumer.resume(list(decision.resume))
         self._m_in_flight.set(decision.in_flight)
-        self._m_paused.set(sum(1 for ps in parts if ps.paused))
-
-    def _report_lag(self) -> None:
-        """High watermark minus committed position, per owned partition (no broker round trip:
-        the client caches watermarks from its fetch responses)."""
-        for ps in list(self.parts.values()):
-            try:
-                _lo, hi = self.consumer.watermarks(ps.tp, 0.0)
-            except Exception:  # not fetched yet: nothing cached
-                continue
-            if hi < 0:
-                continue
-            base = ps.tracker.committed
-            if base is None:
-                base = ps.tracker.position
-            lag = hi - base if base is not None else hi
-            self.metrics.lag.labels(self.group, ps.topic, str(ps.partition)).set(max(0, lag))
-
-    def _commit(self, targets: list[PartitionState], why: str) -> CommitOutcome | None:
-        """The completion count restarts only when every owned partition's position went out:
-        a deferred or failed commit keeps it, so the next interval tries again even if no
-        record completes any more (the end of a backlog), and a revoke's commit of some
-        partitions leaves the others' count alone."""
-        outcome = self.committer.commit(targets, why)
-        if outcome in (CommitOutcome.COMMITTED, None) and len(targets) == len(self.parts):
-            self._since_commit = 0
-        return outcome
+        paused = sum(1 for ps in parts if ps.paused)
+        why = observe.pause_reason(self._draining, self._breaker_was_open, self._fenced)
+        for reason, gauge in self._m_paused_by.items():
+            gauge.set(paused if reason == why else 0)
 
     # ------------------------------------------------------------------ rebalance
 
     def _on_assign(self, tps: list[TP]) -> None:
+        self._confirm(self.clock.monotonic())  # an assignment: the group knows this member
         self.metrics.rebalances.labels(self.group, "assign").inc()
         self.history.append(("assign", sorted(tps)))
         for tp in tps:
@@ -278,11 +425,20 @@ class Processor:
             if old is not None:
                 old.stop_dispatch()
             ps = self.parts[tp] = PartitionState(*tp, clock=self.clock)
+            ps.fenced = self._fenced
             ps.paused = self._draining
             if self._draining:
                 ps.halt()
-        if self._draining and tps:
-            self.consumer.pause(list(tps))
+        # The client's pause state is set, never assumed: librdkafka keeps an application pause
+        # across a revoke and a reassignment, and a partition the client holds paused while
+        # the worker believes it running is never fetched again.
+        if tps:
+            if self._draining:
+                self.consumer.pause(list(tps))
+            else:
+                self.consumer.resume(list(tps))
+        if self.gate is not None:
+            self.gate.resize(len(self.parts))
         log.info("%s assigned %s", self.group, sorted(tps))
 
     def _on_revoke(self, tps: list[TP]) -> None:
@@ -291,12 +447,9 @@ class Processor:
         targets = [self.parts[tp] for tp in tps if tp in self.parts]
         for ps in targets:
             ps.stop_dispatch()
-        deadline = self.clock.monotonic() + self.config.revoke_timeout
-        while any(ps.busy() for ps in targets) and self.clock.monotonic() < deadline:
-            self._apply_completions(block=0.02)
-        self._apply_completions()
-        self._collect_unreported(targets)
-        self._commit(targets, "revoke")
+        wait = 0.0 if self._drained else self.settings.revoke_timeout
+        run = self._finish(targets, "revoke", wait, poll=False)
+        self.committer.wait(run, self.settings.revoke_timeout, self.parts)
         self._forget(targets)
         log.info("%s revoked %s", self.group, sorted(tps))
 
@@ -310,17 +463,11 @@ class Processor:
         self._forget(targets)
         log.warning("%s lost %s", self.group, sorted(tps))
 
-    @staticmethod
-    def _collect_unreported(targets: list[PartitionState]) -> None:
-        """Completes offsets a runner still stuck on a later record finished but not reported."""
-        for ps in targets:
-            for lane in ps.all_lanes():
-                for offset in list(lane.done):
-                    ps.tracker.complete(offset)
-
     def _forget(self, targets: list[PartitionState]) -> None:
+        self.committer.settle(targets)
         for ps in targets:
             if self.parts.get(ps.tp) is ps:
                 del self.parts[ps.tp]
         if self.gate is not None and targets:
             self.gate.forget(targets)
+            self.gate.resize(len(self.parts))

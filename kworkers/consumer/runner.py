@@ -15,19 +15,27 @@ ahead of a slow one.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from queue import Empty, SimpleQueue
+from typing import Any
 
 from kworkers.clock import Clock
 from kworkers.consumer.batching import BatchPolicy
 from kworkers.consumer.breaker import Breaker
-from kworkers.consumer.partition import Item, Lane, PartitionState, Poisoned
+from kworkers.consumer.outputs import Sink, current_sink, of_batch, of_record
+from kworkers.consumer.partition import Item, Lane, Partition, Poisoned
 from kworkers.consumer.ports import Completion, Handler, Invoker
 from kworkers.consumer.steps import (
     WAIT,
+    Decoder,
+    DecodeRequest,
+    EmitRequest,
     HandOffRequest,
     HandOffs,
+    Pacer,
+    PaceRequest,
     Progress,
+    Request,
     Runtime,
     Steps,
     TimedOut,
@@ -35,10 +43,28 @@ from kworkers.consumer.steps import (
 from kworkers.errors import BatchError
 from kworkers.message import Message
 
+#: a runner gives its thread up after this long on one lane when other runners wait for one
+#: (``Runtime.contended``): fairness between lanes under a backlog, at the cost of one
+#: hand-over between threads per quantum
+QUANTUM_S = 0.02
+
 #: the lane whose runner is calling the handler (the activity context reads it for fencing and
 #: for heartbeats that extend the message deadline)
 current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
     "kworkers_lane", default=None)
+
+
+#: sent in place of a handler's result once its outputs went to the hand-off step
+_EMITTED = BaseException("outputs emitted")
+
+
+def _sink() -> Sink:
+    """A runner pass's output sink, where ``activity.produce`` appends during each call (one
+    per pass, not per call: a call stuck past its deadline keeps writing to a pass its lane
+    has left)."""
+    sink = Sink()
+    current_sink.set(sink)
+    return sink
 
 
 class Runner:
@@ -48,7 +74,8 @@ class Runner:
                  clock: Clock, message_timeout: float | None, done: SimpleQueue[Completion],
                  breaker: Breaker | None = None,
                  retryable: Callable[[BaseException], bool] = lambda _e: True,
-                 batch: BatchPolicy | None = None) -> None:
+                 batch: BatchPolicy | None = None, decoder: Decoder | None = None,
+                 pacer: Pacer | None = None) -> None:
         self.handler = handler
         self.invoke = invoke
         self.hand_offs = hand_offs
@@ -66,13 +93,22 @@ class Runner:
         self.retryable = retryable
         #: set for a batch handler: how its batches are cut
         self.batch = batch
+        #: the worker's deserializers: each record is decoded before its handler (and its
+        #: deadline) starts; the handler sees the decoded copy, hand-offs the original
+        self.decoder = decoder
+        #: the worker's rate limit: each record takes a token before it starts (after its
+        #: decoding, before its deadline)
+        self.pacer = pacer
 
     def start(self, lane: Lane, items: list[Item], inc: int,
               timed_out: TimedOut | None = None) -> None:
         self.runtime.run(self, lane, items, inc, timed_out)
 
-    def hand_off(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
+    def hand_off(self, ps: Partition, msg: Message, exc: BaseException) -> bool:
         return self.hand_offs.submit(ps, msg, exc)
+
+    def emit(self, ps: Partition, req: EmitRequest) -> bool:
+        return self.hand_offs.emit(ps, req.emitted, req.after)
 
     def completions(self, block: float = 0.0) -> Iterator[Completion]:
         """The completions reported so far, for the poll thread; with ``block`` it waits that
@@ -109,17 +145,29 @@ class Runner:
         watched = self.watched
         breaker = self.breaker
         now = self.clock.monotonic
+        contended = self.runtime.contended
+        decoding = self.decoder is not None
+        pacer = self.pacer
+        fixed = pacer.fixed if pacer is not None else None
+        #: tokens this runner holds: how many, of which bucket, good until when
+        tokens, bucket, until = 0, "", 0.0
         prog = Progress(self.done, lane, self.clock)
+        sink = _sink()
         for req in self._timed_out(timed_out) if timed_out is not None else ():
             if not (yield req):
                 prog.finish(inc)
                 return
         while True:
             stopped = False
+            rest: list[Item] | None = None
+            t_pass = now()
             for i, item in enumerate(batch):
-                if ps.halted:
-                    stopped = True
-                    break
+                if ps.halted or ps.fenced:
+                    if ps.halted:
+                        stopped = True
+                        break
+                    prog.hold(inc, batch[i:])  # fenced: back in the lane until contact
+                    return
                 err: BaseException | None
                 if isinstance(item, Poisoned):
                     msg, err = item.msg, item.exc
@@ -128,34 +176,78 @@ class Runner:
                         prog.hold(inc, batch[i:])
                         return
                     msg = item
-                    if watched:
-                        with lane.lock:
-                            if lane.incarnation != inc:
-                                break
-                            lane.current, lane.started, lane.batch, lane.pos = (
-                                msg, now(), batch, i)
-                    err = yield msg
-                    if breaker is not None:
-                        breaker.record(
-                            True if err is None else False if self.retryable(err) else None)
+                    shown: Message | BaseException = item
+                    if decoding:
+                        got = yield DecodeRequest(msg)
+                        if got is None:  # halted while the registry was away
+                            stopped = True
+                            break
+                        shown = got
+                    if isinstance(shown, BaseException):
+                        err = shown  # cannot be decoded: dead-lettered, no handler call
+                    else:
+                        if pacer is not None:
+                            name = fixed if fixed is not None else pacer.bucket_of(shown)
+                            if name is None:
+                                pass  # the record's name function exempts it
+                            elif tokens and name == bucket and now() < until:
+                                tokens -= 1
+                            else:
+                                got = yield PaceRequest(
+                                    ps.tp, name, len(batch) - i if fixed is not None else 1)
+                                if got is None:  # halted or fenced while it waited
+                                    if _halted(ps):
+                                        stopped = True
+                                        break
+                                    prog.hold(inc, batch[i:])
+                                    return
+                                tokens, bucket, until = got.count - 1, name, got.until
+                        if watched and not lane.begin(inc, msg, now(), batch, i):
+                            break
+                        err = yield shown
+                        if sink.outputs:
+                            if err is None and not (watched and lane.incarnation != inc):
+                                emit = EmitRequest(of_record(msg, sink), sink.after)
+                                sink.reset()
+                                if not (yield emit):
+                                    stopped = True
+                                    break
+                                prog.ran()
+                                err = _EMITTED
+                            else:
+                                sink.reset()  # a failed attempt's outputs are never sent
+                        elif err is not None:
+                            prog.ran()
+                        if breaker is not None:
+                            breaker.record(
+                                True if err is None or err is _EMITTED else
+                        False if self.retryable(err) else None)
                 if watched and lane.incarnation != inc:
                     break  # the deadline already routed this record: a late result, fenced
                 if err is None:
                     prog.record(msg.offset)
+                elif err is _EMITTED:
+                    pass
                 elif not (yield HandOffRequest(msg, err)):
                     stopped = True
+                    break
+                if contended() and now() - t_pass >= QUANTUM_S and i + 1 < len(batch):
+                    rest = batch[i + 1:]  # others wait for a thread: give this one up
                     break
             if watched and lane.incarnation != inc:
                 prog.post()
                 return
             if watched:
-                lane.current = None
+                lane.end()
             if stopped:
                 prog.finish(inc)
                 return
             prog.post()
-            nxt = self._next_batch(lane, inc)
-            if nxt is None:
+            if rest is not None:
+                self.runtime.run(self, lane, rest, inc, None)
+                return
+            nxt = lane.next_batch(inc)
+            if nxt is None or self._requeued(lane, nxt, inc):
                 return
             batch = nxt
 
@@ -168,6 +260,7 @@ class Runner:
         ps = lane.part
         watched, breaker, now = self.watched, self.breaker, self.clock.monotonic
         prog = Progress(self.done, lane, self.clock)
+        sink = _sink()
         for req in self._timed_out(timed_out) if timed_out is not None else ():
             if not (yield req):
                 prog.finish(inc)
@@ -177,7 +270,7 @@ class Runner:
             if policy.max_wait_s is not None and len(pending) < policy.max_size:
                 until = now() + policy.max_wait_s
                 while len(pending) < policy.max_size and not ps.halted and now() < until:
-                    more = self._take(lane, inc, policy.max_size - len(pending))
+                    more = lane.take(inc, policy.max_size - len(pending))
                     if more is None:
                         return  # the watchdog took the lane
                     if more:
@@ -186,6 +279,9 @@ class Runner:
                         yield WAIT
             if ps.halted:
                 prog.finish(inc)
+                return
+            if ps.fenced:
+                prog.hold(inc, pending)
                 return
             chunk, pending = pending[:policy.max_size], pending[policy.max_size:]
             records: list[Message] = []
@@ -196,60 +292,102 @@ class Runner:
                         return
                 else:
                     records.append(item)
-            if records:
-                if breaker is not None and not breaker.admit():
-                    prog.hold(inc, [*records, *pending])
+            if records and breaker is not None and not breaker.admit():
+                prog.hold(inc, [*records, *pending])
+                return
+            shown: list[Message] = records
+            if records and self.decoder is not None:
+                decoded = yield from self._decode_batch(records)
+                if decoded is None:
+                    prog.finish(inc)
                     return
-                if watched:
-                    with lane.lock:
-                        if lane.incarnation != inc:
-                            return
-                        lane.current, lane.chunk, lane.started = records[0], records, now()
-                        lane.batch, lane.pos = pending, -1
-                err = yield records
+                records, shown = decoded
+            if records and self.pacer is not None:
+                got = yield PaceRequest(ps.tp, self.pacer.fixed or "", 1)
+                if got is None:  # halted or fenced while it waited
+                    if _halted(ps):
+                        prog.finish(inc)
+                    else:
+                        prog.hold(inc, [*records, *pending])
+                    return
+            if records:
+                if watched and not lane.begin(inc, records[0], now(), pending, -1, records):
+                    return
+                sink.calling(shown)
+                err = yield shown
                 if watched:
                     if lane.incarnation != inc:
+                        sink.reset()
                         prog.post()
                         return  # the deadline already routed this batch: late, fenced
-                    lane.current, lane.chunk = None, None
+                    lane.end()
                 if breaker is not None:
                     breaker.record(
                         True if err is None else False if self.retryable(err) else None)
                 failed: dict[Message, BaseException] = {}
                 if isinstance(err, BatchError):
-                    failed = err.failures
+                    # keyed by what the handler saw: the original records are handed off
+                    failed = {m: err.failures[s] for m, s in zip(records, shown, strict=True)
+                              if s in err.failures}
                 elif err is not None:
                     failed = {m: err for m in records}
+                emit: EmitRequest | None = None
+                if sink.outputs:
+                    if err is None or isinstance(err, BatchError):
+                        emit = EmitRequest(of_batch(records, shown, failed, sink), sink.after)
+                    sink.reset()
+                emitting = {m.offset for m, _ in emit.emitted} if emit is not None else ()
+                prog.ran(len(failed) + len(emitting))
                 for m in records:
                     exc = failed.get(m)
                     if exc is None:
-                        prog.record(m.offset)
+                        if m.offset not in emitting:
+                            prog.record(m.offset)
                     elif not (yield HandOffRequest(m, exc)):
                         prog.finish(inc)
                         return
+                if emit is not None and emit.emitted and not (yield emit):
+                    prog.finish(inc)
+                    return
             prog.post()
             if not pending:
-                nxt = self._next_batch(lane, inc)
+                nxt = lane.next_batch(inc)
                 if nxt is None:
                     return
                 pending = nxt
+            if self._requeued(lane, pending, inc):
+                return
 
-    @staticmethod
-    def _take(lane: Lane, inc: int, n: int) -> list[Item] | None:
-        """Up to ``n`` more queued records for the batch being filled (None: lane taken)."""
-        with lane.lock:
-            if lane.incarnation != inc:
+    def _decode_batch(self, records: list[Message]) -> Generator[
+            Request, Any, tuple[list[Message], list[Message]] | None]:
+        """Decodes a batch's records one by one (a generator the batch runner delegates to):
+        the ones that cannot be decoded are handed off at once, the rest run. Returns (the
+        originals that decoded, their decoded copies), or None when the runner must stop."""
+        keep: list[Message] = []
+        shown: list[Message] = []
+        for m in records:
+            got = yield DecodeRequest(m)
+            if got is None:
                 return None
-            more, lane.queue = lane.queue[:n], lane.queue[n:]
-            return more
+            if isinstance(got, BaseException):
+                if not (yield HandOffRequest(m, got)):
+                    return None
+            else:
+                keep.append(m)
+                shown.append(got)
+        return keep, shown
 
-    @staticmethod
-    def _next_batch(lane: Lane, inc: int) -> list[Item] | None:
-        with lane.lock:
-            if lane.incarnation != inc:
-                return None
-            if lane.queue and not lane.part.halted:
-                batch, lane.queue = lane.queue, []
-                return batch
-            lane.running = False
-            return None
+    def _requeued(self, lane: Lane, items: list[Item], inc: int) -> bool:
+        """Between two passes over a lane: when other runners wait for a place to run, queue
+        this one again behind them with what it was about to run (the lane stays marked
+        running, so records dispatched meanwhile join its queue), and stop here."""
+        if not self.runtime.contended():
+            return False
+        self.runtime.run(self, lane, items, inc, None)
+        return True
+
+
+def _halted(ps: Partition) -> bool:
+    """Read again after a wait (a plain ``ps.halted`` there is narrowed by the checks before
+    the wait, as if nothing could have changed it meanwhile)."""
+    return ps.halted

@@ -18,14 +18,23 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from queue import SimpleQueue
 from typing import Any
 
 from kworkers.clock import Clock
 from kworkers.consumer.partition import Item, Lane
-from kworkers.consumer.runner import Runner, current_lane
-from kworkers.consumer.steps import HandOffRequest, TimedOut, Wait
+from kworkers.consumer.ports import TP
+from kworkers.consumer.runner import current_lane
+from kworkers.consumer.steps import (
+    DecodeRequest,
+    EmitRequest,
+    HandOffRequest,
+    Job,
+    PaceRequest,
+    TimedOut,
+    Wait,
+)
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
 
@@ -43,7 +52,10 @@ class _Call:
 
 
 class ThreadRuntime:
-    """A pool of daemon threads; each runner occupies one thread while its lane has work."""
+    """A pool of daemon threads; a runner occupies one thread while its lane has work, and
+    gives it up between two passes over its lane when other runners wait for one
+    (``contended``): with more lanes than threads and a backlog, a lane's queue never empties,
+    so a runner that kept its thread would starve every lane queued behind it."""
 
     is_async = False
     is_inline = False
@@ -61,7 +73,7 @@ class ThreadRuntime:
         for t in self._threads:
             t.start()
 
-    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+    def run(self, runner: Job, lane: Lane, items: list[Item], inc: int,
             timed_out: TimedOut | None) -> None:
         self._q.put((_drive_sync, (runner, lane, items, inc, timed_out)))
 
@@ -81,6 +93,12 @@ class ThreadRuntime:
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads)
 
+    def contended(self) -> bool:
+        return not self._q.empty()
+
+    def calling(self) -> set[TP]:
+        return _calling(self._calls)
+
     def stalled(self, bound: float) -> str | None:
         """A handler call running for longer than ``bound`` seconds, described; else None."""
         now = self.clock.monotonic()
@@ -96,7 +114,7 @@ class ThreadRuntime:
             self._q.put(None)
 
 
-def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
+def _drive_sync(runner: Job, lane: Lane, items: list[Item], inc: int,
                 timed_out: TimedOut | None, call: _Call, deadline: float | None = None) -> None:
     """Drives ``Runner.steps`` with plain calls. ``deadline``: the inline runtime's per-call
     bound, judged when the call returns (nothing can interrupt the poll thread): an overrun is
@@ -112,9 +130,21 @@ def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
             if isinstance(req, HandOffRequest):
                 req = send(hand_off(ps, req.msg, req.exc))
                 continue
+            if isinstance(req, EmitRequest):
+                req = send(runner.emit(ps, req))
+                continue
             if isinstance(req, Wait):
                 time.sleep(Wait.SECONDS)
                 req = send(None)
+                continue
+            if isinstance(req, DecodeRequest):
+                assert runner.decoder is not None
+                req = send(runner.decoder.decode(req.msg, lambda: ps.halted))
+                continue
+            if isinstance(req, PaceRequest):
+                assert runner.pacer is not None
+                req = send(runner.pacer.acquire(req.tp, req.name, req.want,
+                                                lambda: ps.halted or ps.fenced))
                 continue
             call.started = started = now()
             call.msg = req if isinstance(req, Message) else req[0]
@@ -134,14 +164,22 @@ def _drive_sync(runner: Runner, lane: Lane, items: list[Item], inc: int,
         raise
 
 
+def _calling(calls: Iterable[_Call]) -> set[TP]:
+    """The partitions a handler call runs for now (each slot written by its own thread)."""
+    out: set[TP] = set()
+    for call in calls:
+        msg = call.msg
+        if msg is not None:
+            out.add((msg[0], msg[1]))
+    return out
+
+
 def _abandon(lane: Lane, call: _Call | None = None) -> None:
     """A runner crashed: its lane is idle again (its unfinished records are never completed,
     so never committed; the worker is stopping because of it)."""
     if call is not None:
         call.msg = None
-    with lane.lock:
-        lane.running = False
-        lane.current = None
+    lane.abandon()
 
 
 class InlineRuntime:
@@ -172,7 +210,7 @@ class InlineRuntime:
         if stall_bound is not None:
             self._watch.start()
 
-    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+    def run(self, runner: Job, lane: Lane, items: list[Item], inc: int,
             timed_out: TimedOut | None) -> None:
         call = self._calls.get(threading.get_ident())
         if call is None:
@@ -194,6 +232,12 @@ class InlineRuntime:
 
     def alive(self) -> bool:
         return True
+
+    def contended(self) -> bool:
+        return False
+
+    def calling(self) -> set[TP]:
+        return _calling(list(self._calls.values()))
 
     def stalled(self, bound: float) -> str | None:
         now = self.clock.monotonic()
@@ -225,6 +269,8 @@ class AsyncRuntime:
         self._ready.wait()
         self.semaphore = asyncio.run_coroutine_threadsafe(
             self._make_sem(concurrency), self.loop).result()
+        #: handler calls under way per partition (written on the loop's thread only)
+        self._calls: dict[TP, int] = {}
 
     @staticmethod
     async def _make_sem(n: int) -> asyncio.Semaphore:
@@ -235,7 +281,7 @@ class AsyncRuntime:
         self.loop.call_soon(self._ready.set)
         self.loop.run_forever()
 
-    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+    def run(self, runner: Job, lane: Lane, items: list[Item], inc: int,
             timed_out: TimedOut | None) -> None:
         self.submit(self._drive(runner, lane, items, inc, timed_out))
 
@@ -253,6 +299,17 @@ class AsyncRuntime:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def contended(self) -> bool:
+        return False  # runners share the loop: the semaphore is first come, first served
+
+    def calling(self) -> set[TP]:
+        for _ in range(3):  # the loop's thread may change the dict meanwhile
+            try:
+                return {tp for tp, n in self._calls.items() if n > 0}
+            except RuntimeError:
+                continue
+        return set()
+
     def stalled(self, bound: float) -> str | None:
         """The event loop blocked (a handler that never awaits) for longer than ``bound``."""
         now = self.clock.monotonic()
@@ -267,7 +324,7 @@ class AsyncRuntime:
     def _answer(self) -> None:
         self._answered = self.clock.monotonic()
 
-    async def _drive(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+    async def _drive(self, runner: Job, lane: Lane, items: list[Item], inc: int,
                      timed_out: TimedOut | None) -> None:
         current_lane.set(lane)
         steps = runner.steps(lane, items, inc, timed_out)
@@ -283,18 +340,42 @@ class AsyncRuntime:
                         await asyncio.to_thread(runner.hand_offs.wait_room, ps)
                     req = steps.send(runner.hand_off(ps, req.msg, req.exc))
                     continue
+                if isinstance(req, EmitRequest):
+                    if not runner.hand_offs.has_room():
+                        await asyncio.to_thread(runner.hand_offs.wait_room, ps)
+                    req = steps.send(runner.emit(ps, req))
+                    continue
                 if isinstance(req, Wait):
                     await asyncio.sleep(Wait.SECONDS)
                     req = steps.send(None)
                     continue
+                if isinstance(req, DecodeRequest):
+                    assert runner.decoder is not None
+                    req = steps.send(await runner.decoder.adecode(req.msg, lambda: ps.halted))
+                    continue
+                if isinstance(req, PaceRequest):
+                    assert runner.pacer is not None
+                    req = steps.send(await runner.pacer.aacquire(
+                        req.tp, req.name, req.want, lambda: ps.halted or ps.fenced))
+                    continue
                 result: BaseException | None = None
+                calls = self._calls
+                tp = ps.tp
                 try:
                     async with sem:
-                        coro = invoke(handler, req)
-                        if timeout is not None:
-                            await asyncio.wait_for(coro, timeout)
-                        else:
-                            await coro
+                        calls[tp] = calls.get(tp, 0) + 1
+                        try:
+                            coro = invoke(handler, req)
+                            if timeout is not None:
+                                await asyncio.wait_for(coro, timeout)
+                            else:
+                                await coro
+                        finally:
+                            left = calls[tp] - 1
+                            if left:
+                                calls[tp] = left
+                            else:
+                                del calls[tp]
                 except Exception as exc:
                     result = exc
                     if timeout is not None and isinstance(exc, TimeoutError):

@@ -8,17 +8,15 @@ the runner's logic, so a runtime can be read without the lifecycle and the other
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from kworkers.clock import Clock
-from kworkers.consumer.partition import Item, Lane, PartitionState
-from kworkers.consumer.ports import Completion
+from kworkers.consumer.outputs import Emitted
+from kworkers.consumer.partition import Item, Lane, Partition
+from kworkers.consumer.ports import TP, Completion, Handler, Invoker
 from kworkers.message import Message
-
-if TYPE_CHECKING:
-    from kworkers.consumer.runner import Runner
 
 #: a runner reports completions at least this often within a long batch
 PARTIAL_POST_S = 0.05
@@ -33,6 +31,86 @@ class HandOffRequest:
         self.exc = exc
 
 
+class EmitRequest:
+    """Asked of the runtime by ``Runner.steps``: a handler call succeeded and produced these
+    outputs; their records complete when the outputs are durable (``HandOffs.emit``)."""
+
+    __slots__ = ("after", "emitted")
+
+    def __init__(self, emitted: list[Emitted], after: list[Callable[[], None]]) -> None:
+        self.emitted = emitted
+        self.after = after
+
+
+class DecodeRequest:
+    """Asked of the runtime by ``Runner.steps``: decode this record before its handler runs
+    (the worker's deserializers, ``kworkers.payloads.decode``). Sent back: the decoded copy,
+    the exception that condemns it, or None when its partition halted while it waited for a
+    registry that did not answer."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: Message) -> None:
+        self.msg = msg
+
+
+class Decoder(Protocol):
+    """Decodes records on a runner's thread or the event loop (``RecordDecoder``)."""
+
+    def decode(self, msg: Message, halted: Callable[[], bool]
+               ) -> Message | BaseException | None: ...
+
+    async def adecode(self, msg: Message, halted: Callable[[], bool]
+                      ) -> Message | BaseException | None: ...
+
+    def waiting(self) -> set[TP]:
+        """The partitions whose next record waits for the registry (a hold, not a stall)."""
+        ...
+
+
+class PaceRequest:
+    """Asked of the runtime by ``Runner.steps``: tokens of rate-limit bucket ``name`` for up
+    to ``want`` records of partition ``tp`` before the next one starts (``kworkers.pace``).
+    Sent back: the ``Tokens`` (at least one), or None when the partition halted or the member
+    fenced itself while it waited."""
+
+    __slots__ = ("name", "tp", "want")
+
+    def __init__(self, tp: TP, name: str, want: int) -> None:
+        self.tp = tp
+        self.name = name
+        self.want = want
+
+
+class Tokens(Protocol):
+    """What a runner got from its pacer: start at most ``count`` records before ``until``
+    (monotonic); a token left at ``until`` is spent no more."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def until(self) -> float: ...
+
+
+class Pacer(Protocol):
+    """The worker's rate limit as runners see it (``kworkers.pace.pacer.Pacer``)."""
+
+    #: the bucket of every record (None: one per key or per name, ``bucket_of`` each record)
+    fixed: str | None
+
+    def bucket_of(self, msg: Message) -> str | None: ...
+
+    def acquire(self, tp: TP, name: str, want: int,
+                halted: Callable[[], bool]) -> Tokens | None: ...
+
+    async def aacquire(self, tp: TP, name: str, want: int,
+                       halted: Callable[[], bool]) -> Tokens | None: ...
+
+    def waiting(self) -> set[TP]:
+        """The partitions whose next record waits for a token (a hold, not a stall)."""
+        ...
+
+
 class Wait:
     """Asked of the runtime by a batch runner filling a batch: pause a moment (sleep or await)."""
 
@@ -41,25 +119,52 @@ class Wait:
 
 WAIT = Wait()
 #: what ``Runner.steps`` yields: a record (or a batch of records) to run, a failure to hand off,
-#: or a short wait while a batch fills
-Request = Message | list[Message] | HandOffRequest | Wait
-#: sent back: the handler's exception (or None) for a record or a batch; for a hand-off, True
-#: when the hand-off step took it (it completes the offset on acknowledgement), False when
-#: abandoned; nothing for a wait
+#: outputs to send, a record to decode, tokens to take, or a short wait while a batch fills
+Request = (Message | list[Message] | HandOffRequest | EmitRequest | DecodeRequest | PaceRequest
+           | Wait)
+#: sent back: the handler's exception (or None) for a record or a batch; for a hand-off or
+#: outputs, True when the hand-off step took them (it completes the offsets once they are
+#: durable), False when abandoned; nothing for a wait
 Steps = Generator[Request, Any, None]
 #: the record a watchdog took a lane for, or the whole batch
 TimedOut = Message | list[Message]
 
 
 class HandOffs(Protocol):
-    """The hand-off step as runners see it (``kworkers.retry_tiers.handoff.HandOffStep``)."""
+    """The hand-off step as runners see it (``kworkers.consumer.handoff.HandOffStep``)."""
 
     def has_room(self) -> bool: ...
-    def wait_room(self, ps: PartitionState) -> bool: ...
-    def submit(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool: ...
+    def wait_room(self, ps: Partition) -> bool: ...
+    def submit(self, ps: Partition, msg: Message, exc: BaseException) -> bool: ...
+    def emit(self, ps: Partition, emitted: list[Emitted],
+             after: list[Callable[[], None]]) -> bool:
+        """Takes a successful call's outputs: True when the step now owns the completion of
+        their records (posted once the outputs are durable), False when abandoned."""
+        ...
     def tick(self) -> None:
         """Called by the poll loop every step (retries due, summaries)."""
         ...
+
+
+class Job(Protocol):
+    """What a runtime needs of the runner it drives (``kworkers.consumer.runner.Runner``):
+    the skeleton to drive, and how to call a handler and hand a failure off."""
+
+    handler: Handler
+    invoke: Invoker
+    clock: Clock
+    #: the per-message deadline an async runtime bounds each call by (None: none)
+    timeout: float | None
+    hand_offs: HandOffs
+    #: the worker's deserializers, when it has any (``DecodeRequest``)
+    decoder: Decoder | None
+    #: the worker's rate limit, when it has one (``PaceRequest``)
+    pacer: Pacer | None
+
+    def steps(self, lane: Lane, batch: list[Item], inc: int,
+              timed_out: TimedOut | None) -> Steps: ...
+    def hand_off(self, ps: Partition, msg: Message, exc: BaseException) -> bool: ...
+    def emit(self, ps: Partition, req: EmitRequest) -> bool: ...
 
 
 class Runtime(Protocol):
@@ -69,10 +174,19 @@ class Runtime(Protocol):
     #: runners execute on the thread that starts them (the poll thread)
     is_inline: bool
 
-    def run(self, runner: Runner, lane: Lane, items: list[Item], inc: int,
+    def run(self, runner: Job, lane: Lane, items: list[Item], inc: int,
             timed_out: TimedOut | None) -> None: ...
 
     def alive(self) -> bool: ...
+
+    def contended(self) -> bool:
+        """Runners wait for a place to run: a runner between two passes over its lane should
+        give its place up and queue again behind them (fairness under a backlog)."""
+        ...
+
+    def calling(self) -> set[TP]:
+        """The partitions a handler call is under way for right now (the stall detector)."""
+        ...
 
     def stalled(self, bound: float) -> str | None:
         """A handler call (or the event loop) busy for longer than ``bound`` s, described."""
@@ -89,7 +203,7 @@ class Progress:
     is stuck on a later record.
     """
 
-    __slots__ = ("done", "lane", "now", "q", "t0")
+    __slots__ = ("calls", "done", "lane", "now", "q", "t0")
 
     def __init__(self, q: SimpleQueue[Completion], lane: Lane, clock: Clock) -> None:
         self.q = q
@@ -99,34 +213,35 @@ class Progress:
 
     def _reset(self) -> None:
         self.done: list[int] = []
-        self.lane.done = self.done
+        #: records whose handler ran since the last report, failed ones included
+        self.calls = 0
+        self.lane.reporting(self.done)
         self.t0 = self.now()
 
     def record(self, offset: int) -> None:
         self.done.append(offset)
+        self.calls += 1
         if self.now() - self.t0 > PARTIAL_POST_S:
             self.post()
 
+    def ran(self, records: int = 1) -> None:
+        """Handler calls whose offsets are another step's to complete (a failure's hand-off,
+        outputs to send): their time counts (the handler-duration histogram observes every
+        call)."""
+        self.calls += records
+
     def post(self) -> None:
-        if self.done:
-            self.q.put((self.lane.part, self.done, 0, 0, self.now() - self.t0))
+        if self.done or self.calls:
+            self.q.put((self.lane.part, self.done, 0, 0, self.now() - self.t0, self.calls))
         self._reset()
 
     def finish(self, inc: int) -> None:
         """The runner stops early (revoke, stop, abandoned hand-off): report, drop the queue."""
         self.post()
-        lane = self.lane
-        with lane.lock:
-            if lane.incarnation == inc:
-                lane.queue = []
-                lane.running = False
+        self.lane.finish(inc)
 
     def hold(self, inc: int, rest: list[Item]) -> None:
         """The breaker is open: report, and put the records not started back at the head of
         the lane (in order); the poll loop restarts the lane when the breaker admits again."""
         self.post()
-        lane = self.lane
-        with lane.lock:
-            if lane.incarnation == inc:
-                lane.queue = rest + lane.queue
-                lane.running = False
+        self.lane.hold(inc, rest)

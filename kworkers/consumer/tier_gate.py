@@ -10,11 +10,16 @@ whose kworkers headers are corrupt, out of bounds or name another origin is rele
 retry (tier topics are shared by every group on a source) is completed without running, since
 that group runs it.
 
-The heap's bound: backpressure pauses every tier partition at the end of the poll step in which
-the heap reached ``capacity``, and a paused partition returns no records, so the heap holds at
-most ``capacity`` plus one fetched batch (``overshoot``). Records beyond it stay in Kafka. The
-``DelayBuffer`` is sized to that hard bound; reaching it would mean the invariant broke, and its
+The heap's bound: the records in the heap are fetched records not yet completed, so they count
+in their partition's share (``backpressure``): each tier partition is paused at its share of
+``capacity`` and one poll never takes more than the room left under it. The heap holds at most
+``capacity`` plus ``max(capacity, partitions)`` (the overshoot ``backpressure`` explains), and
+in practice about ``capacity`` plus one poll. The ``DelayBuffer`` is sized to that hard bound
+(``resize`` follows the assignment); reaching it would mean the invariant broke, and its
 ``BufferError`` then stops the retry loop loudly (the worker turns unhealthy), never silently.
+
+Per partition the gate counts what it holds (``held``): a tier partition whose records wait for
+their due time is held on purpose, which the stall detector must not take for a stall.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from kworkers.consumer.ports import TP
 from kworkers.message import Message
 from kworkers.retry_tiers.delay import DelayBuffer
 from kworkers.retry_tiers.headers import due_at_of
-from kworkers.retry_tiers.tier_record import TierRules, check_tier_record
+from kworkers.retry_tiers.tier_record import CorruptTierRecord
 
 log = logging.getLogger("kworkers.consumer")
 
@@ -40,13 +45,33 @@ class LatenessSink(Protocol):
     def observe(self, amount: float) -> None: ...
 
 
+class Timed(Protocol):
+    """What a check admits a record with: the attempt it runs as and when it is due."""
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def due_at(self) -> float | None: ...
+
+
+class RecordCheck(Protocol):
+    """What a record read into the heap must satisfy: ``TierRules`` for retry tiers,
+    ``kworkers.schedule.rules.ScheduleRules`` for a scheduler's delay topics. ``check``
+    raises (``HeaderError``) for a corrupt or forged record, returns None for one that is not
+    this worker's to run (completed unrun)."""
+
+    def check(self, msg: Message, now: float) -> Timed | None: ...
+
+
 class TierGate:
-    def __init__(self, capacity: int, overshoot: int, rules: TierRules, lateness: LatenessSink,
+    def __init__(self, capacity: int, rules: RecordCheck, lateness: LatenessSink,
                  clock: Clock) -> None:
-        #: where backpressure pauses the tier partitions
+        #: what backpressure splits into the tier partitions' shares
         self.capacity = capacity
-        self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(
-            capacity + overshoot)
+        self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(2 * capacity)
+        #: records in the heap per partition state (by identity: a reassignment is another)
+        self._held: dict[PartitionState, int] = {}
         #: what a tier record must satisfy to run (the router's own ``rules``)
         self.rules = rules
         #: another group's records completed unrun since the processor last took the count
@@ -57,28 +82,38 @@ class TierGate:
     def __len__(self) -> int:
         return len(self.buffer)
 
+    def resize(self, partitions: int) -> None:
+        """The hard bound under an assignment of ``partitions`` (see the module doc)."""
+        self.buffer.capacity = self.capacity + max(self.capacity, partitions)
+
+    def held(self, ps: PartitionState) -> int:
+        """How many of ``ps``'s records wait in the heap for their due time."""
+        return self._held.get(ps, 0)
+
     def admit(self, ps: PartitionState, m: Message, now: float) -> Item | None:
         """The item to run now, or None when ``m`` waits in the heap until due (or is another
         group's, completed here on the poll thread, which owns the offset tracker)."""
         try:
-            info = check_tier_record(m, self.rules, now)
+            info = self.rules.check(m, now)
         except Exception as exc:  # HeaderError, or anything a check did not foresee: never
             # crash the loop over one record; it goes to its own DLQ with the reason. DEBUG: a
             # flood of corrupt records must not flood the log (the hand-off step summarises
             # what it dead-letters, with the error type, per interval)
             log.debug("%s/%d@%d has corrupt kworkers headers (%s): dead-lettering it",
                       m.topic, m.partition, m.offset, exc)
-            return Poisoned(m, exc)
+            return Poisoned(m, CorruptTierRecord(exc))
         if info is None:
             log.debug("%s/%d@%d is another group's retry: skipped", m.topic, m.partition,
                       m.offset)
             ps.tracker.complete(m.offset)
+            ps.progress_at = self.clock.monotonic()
             self.skipped += 1
             return None
         m = m._replace(attempt=info.attempt)
         due = info.due_at
         if due is not None and due > now:
             self.buffer.push(due, (ps, m))
+            self._held[ps] = self._held.get(ps, 0) + 1
             return None
         if due is not None:
             self.lateness.observe(max(0.0, now - due))
@@ -97,7 +132,13 @@ class TierGate:
             return []
         now = self.clock.now()
         out: list[tuple[PartitionState, Message]] = []
+        held = self._held
         for ps, m in self.buffer.pop_due(now):
+            left = held.get(ps, 1) - 1
+            if left > 0:
+                held[ps] = left
+            else:
+                held.pop(ps, None)
             if parts.get(ps.tp) is not ps:
                 continue
             d = due_at_of(m.headers)
@@ -114,6 +155,9 @@ class TierGate:
         return max(0.0, min(default, due - self.clock.now()))
 
     def forget(self, targets: Iterable[PartitionState]) -> None:
-        gone = {id(ps) for ps in targets}
+        states = list(targets)
+        gone = {id(ps) for ps in states}
         if gone:
             self.buffer.drop(lambda item: id(item[0]) in gone)
+            for ps in states:
+                self._held.pop(ps, None)

@@ -10,7 +10,8 @@ round-trips them), and the client properties that have a variable of their own
 
 Not carried: the librdkafka tables' other properties (they stay in the worker module's code),
 and credentials, which come from the Secret as ``KWORKERS_SASL_USERNAME`` /
-``KWORKERS_SASL_PASSWORD``: a ConfigMap never holds a secret.
+``KWORKERS_SASL_PASSWORD`` (OAUTHBEARER: ``KWORKERS_SASL_OAUTHBEARER_CLIENT_ID`` /
+``..._CLIENT_SECRET``): a ConfigMap never holds a secret (``kworkers.deploy.security``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,18 @@ SECURITY_PROTOCOL = _var("security.protocol")
 SASL_MECHANISM = _var("sasl.mechanism")
 SASL_USERNAME = _var("sasl.username")
 SASL_PASSWORD = _var("sasl.password")
-#: What the Secret carries: never written into a ConfigMap.
-CREDENTIALS = frozenset({"sasl.username", "sasl.password"})
+OAUTH_CLIENT_ID = _var("sasl.oauthbearer.client.id")
+OAUTH_CLIENT_SECRET = _var("sasl.oauthbearer.client.secret")
+OAUTH_TOKEN_ENDPOINT = _var("sasl.oauthbearer.token.endpoint.url")
+OAUTH_SCOPE = _var("sasl.oauthbearer.scope")
+SSL_CA_LOCATION = _var("ssl.ca.location")
+SSL_CERTIFICATE_LOCATION = _var("ssl.certificate.location")
+SSL_KEY_LOCATION = _var("ssl.key.location")
+#: What the SASL Secret carries: never written into a ConfigMap.
+CREDENTIALS = frozenset({"sasl.username", "sasl.password", "sasl.oauthbearer.client.id",
+                         "sasl.oauthbearer.client.secret"})
+#: The files a TLS Secret mounted in the pod provides.
+TLS_FILES = frozenset({"ssl.ca.location", "ssl.certificate.location", "ssl.key.location"})
 
 
 def _num(x: float) -> str:
@@ -103,23 +114,30 @@ def config_env(config: WorkerConfig) -> dict[str, str]:
 
 
 def config_from_env(env: Mapping[str, str] | None = None, base: WorkerConfig | None = None,
-                    **overrides: Any) -> WorkerConfig:
+                    **defaults: Any) -> WorkerConfig:
     """The ``WorkerConfig`` the ``KWORKERS_*`` variables describe (``os.environ`` by default),
     over ``base`` when given: exactly what ``kworkers run`` applies (``settings.from_env``),
     the SASL and TLS variables included.
 
-    ``overrides`` are ``WorkerConfig`` fields that win over everything. Without a ``base``,
-    ``KWORKERS_TOPICS`` and ``KWORKERS_GROUP_ID`` are required (unless overridden).
+    One precedence everywhere (flags > environment > file > code): ``defaults`` are
+    ``WorkerConfig`` fields the code sets, and a variable that names the same field wins over
+    them, as it wins over the worker's own config under ``kworkers run``. (Until issue #26 these
+    keyword arguments won over the environment; a caller that relied on that passes the value
+    after the call: ``dataclasses.replace(config_from_env(), field=value)``.) Without a
+    ``base``, topics and group come from ``KWORKERS_TOPICS`` / ``KWORKERS_GROUP_ID`` or the
+    ``defaults``, and one of the two is required.
     """
     env = os.environ if env is None else env
     layer = settings.from_env(env)
     if base is None:
-        topics = overrides.get("topics", layer.pop("topics", None))
-        group = overrides.get("group_id", layer.pop("group_id", None))
+        code_topics, code_group = defaults.pop("topics", None), defaults.pop("group_id", None)
+        topics = layer.pop("topics", None) or code_topics
+        group = layer.pop("group_id", None) or code_group
         if not topics:
             raise ConfigError(f"{TOPICS}: no topics (set it, comma-separated)")
         if not group:
             raise ConfigError(f"{GROUP}: no consumer group")
-        base = WorkerConfig(topics=topics, group_id=group)
-    config = settings.apply(base, layer)
-    return dataclasses.replace(config, **overrides) if overrides else config
+        base = WorkerConfig(topics=topics, group_id=group, **defaults)
+    elif defaults:
+        base = dataclasses.replace(base, **defaults)
+    return settings.apply(base, layer)

@@ -64,9 +64,10 @@ def _int_env(name: str, default: int) -> int:
 
 def create_topics() -> list[str]:
     """The source topic and everything the worker needs next to it; idempotent."""
-    from kworkers.admin import TopicSpec, admin_client
-    from kworkers.admin import create_topics as create
+    from kworkers.kafka.admin import admin_client
+    from kworkers.kafka.admin import create_topics as create
     from kworkers.kafka.clients import wait_for_broker
+    from kworkers.topic_plan import TopicSpec
 
     wait_for_broker(config.client, timeout=float(_int_env("KWORKERS_DEMO_WAIT", 120)))
     partitions = _int_env("KWORKERS_DEMO_PARTITIONS", 6)
@@ -78,26 +79,31 @@ def create_topics() -> list[str]:
 
 def produce() -> int:
     """Produces the demo records, each with a new trace; returns how many were delivered."""
-    from confluent_kafka import Producer
+    from concurrent.futures import Future
 
+    from kworkers.consumer.ports import settle
+    from kworkers.kafka.producer import KafkaSender
     from kworkers.kafka.settings import producer_settings
 
     n = _int_env("KWORKERS_DEMO_RECORDS", 1000)
     rate = max(1, _int_env("KWORKERS_DEMO_RATE", 100))
-    p = Producer(producer_settings(config.client, config.producer_config))
+    sender = KafkaSender(producer_settings(config.client, config.producer_config))
     start = time.monotonic()
     topic = config.topics[0]
-    for i in range(n):
-        headers: list[tuple[str, str | bytes | None]] = [
-            (TRACEPARENT, generate_traceparent().header())]
-        p.produce(topic, key=f"k{i % 64}".encode(), value=str(i).encode(), headers=headers)
-        p.poll(0)
-        ahead = start + (i + 1) / rate - time.monotonic()
-        if ahead > 0:
-            time.sleep(ahead)
-    left = p.flush(60)
-    if left:
-        raise RuntimeError(f"{left} records not delivered to {topic}")
+    sent: list[Future[None]] = []
+    try:
+        for i in range(n):
+            headers = ((TRACEPARENT, generate_traceparent().header().encode()),)
+            fut: Future[None] = Future()
+            sent.append(fut)
+            sender.send(topic, f"k{i % 64}".encode(), str(i).encode(), headers, settle(fut))
+            ahead = start + (i + 1) / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+        for fut in sent:
+            fut.result(60)  # raises when a record was not delivered
+    finally:
+        sender.close()
     return n
 
 

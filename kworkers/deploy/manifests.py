@@ -21,16 +21,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kworkers.config import WorkerConfig
 from kworkers.deploy import env as envvars
+from kworkers.deploy.comments import comments
+from kworkers.deploy.security import POD_UID, DeploySecurity, deploy_security
 from kworkers.deploy.yamltext import dump
 from kworkers.errors import ConfigError
-from kworkers.kafka.settings import is_secret_key
+from kworkers.kafka.settings import DEFAULT_BOOTSTRAP, is_secret_key
 from kworkers.keda import SHARE_GROUP_MAX_SIZE, ScalerSettings, share_backlog_query
+from kworkers.lag import RENDERED_RESET_POLICY
 
 KEDA_API = "keda.sh/v1alpha1"
 #: seconds SIGTERM handling may need beyond the drain and revoke deadlines: closing the
@@ -39,11 +41,8 @@ GRACE_MARGIN_S = 15
 #: KEDA's default lagThreshold (10) asks for a pod per ten records behind; a worker runs
 #: ``concurrency`` handlers at once and fetches in batches of hundreds, so 100 is the default
 #: here (it is only the per-pod target: the pod count is still capped at the partition count)
-DEFAULT_SCALER = ScalerSettings(lag_threshold=100, offset_reset_policy="earliest")
+DEFAULT_SCALER = ScalerSettings(lag_threshold=100, offset_reset_policy=RENDERED_RESET_POLICY)
 
-#: librdkafka's sasl.mechanism -> KEDA's ``sasl`` metadata
-_KEDA_SASL = {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256",
-              "SCRAM-SHA-512": "scram_sha512", "OAUTHBEARER": "oauthbearer", "GSSAPI": "gssapi"}
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?")
 
@@ -116,20 +115,34 @@ def manifests(
     scaler: ScalerSettings | None = None,
     resources: Resources | None = None,
     prometheus: str | None = None,
+    tls_secret: str | None = None,
+    tls_client_cert: bool = False,
+    plaintext_sasl: bool = False,
+    allow_loopback: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """The manifests as objects, keyed by the file they are written to (see ``render``)."""
     for what, name in (("app", app), ("namespace", namespace)):
         if len(name) > 50 or not _DNS_LABEL.fullmatch(name):
             raise ConfigError(f"{what}: a DNS-1123 label of at most 50 characters (names get "
                               f"suffixes), got {name!r}")
-    if sasl_secret is not None and (len(sasl_secret) > 253 or not _DNS_LABEL.fullmatch(
-            sasl_secret.replace(".", "-"))):
-        raise ConfigError(f"sasl_secret: not a valid Secret name: {sasl_secret!r}")
+    for what, secret in (("sasl_secret", sasl_secret), ("tls_secret", tls_secret)):
+        if secret is not None and (len(secret) > 253 or not _DNS_LABEL.fullmatch(
+                secret.replace(".", "-"))):
+            raise ConfigError(f"{what}: not a valid Secret name: {secret!r}")
+    _check_bootstrap(config.bootstrap_servers, allow_loopback)
     _check_secrets(config, sasl_secret)
+    sec = deploy_security(config, sasl_secret, tls_secret, tls_client_cert, plaintext_sasl)
     if not image or any(c.isspace() for c in image):
         raise ConfigError(f"image: expected an image reference, got {image!r}")
     if not isinstance(partitions, int) or partitions < 1:
         raise ConfigError(f"partitions: must be >= 1, got {partitions!r}")
+    limit = config.rate_limit
+    if limit is not None and limit.scope == "pool" and max_replicas is None:
+        raise ConfigError(
+            f"max_replicas: the pool is rate-limited ({limit.per_second:g}/s for all replicas): "
+            "the lag its own limit causes would scale it to every partition, each new pod only "
+            "waiting for tokens; say max_replicas (--max-replicas), the pods that reach the limit "
+            "(ceil(per_second x handler seconds / concurrency), one more for failover)")
     if config.mode == "share":
         top, low = _share_bounds(max_replicas, min_replicas, prometheus)
     else:
@@ -149,14 +162,14 @@ def manifests(
         raise ConfigError("scaler: allowIdleConsumers would let KEDA run idle consumers")
     names = _Names(app, namespace)
     files = {
-        "k8s/configmap.yaml": _configmap(config, names, sasl_secret is not None),
+        "k8s/configmap.yaml": _configmap(config, names, sec),
         "k8s/deployment.yaml": _deployment(config, names, image, _command_target(module),
-                                           metrics_port, sasl_secret, resources or Resources()),
-        "keda/scaledobject.yaml": _scaledobject(config, names, scaler, low, top,
-                                                sasl_secret is not None, prometheus),
+                                           metrics_port, sec, resources or Resources()),
+        "keda/scaledobject.yaml": _scaledobject(config, names, scaler, low, top, sec,
+                                                prometheus),
     }
-    if sasl_secret is not None:
-        files["keda/triggerauthentication.yaml"] = _triggerauth(names, sasl_secret)
+    if sec.keda_auth:
+        files["keda/triggerauthentication.yaml"] = _triggerauth(names, sec)
     return files
 
 
@@ -175,6 +188,10 @@ def render(
     scaler: ScalerSettings | None = None,
     resources: Resources | None = None,
     prometheus: str | None = None,
+    tls_secret: str | None = None,
+    tls_client_cert: bool = False,
+    plaintext_sasl: bool = False,
+    allow_loopback: bool = False,
 ) -> dict[str, str]:
     """File name (``k8s/...`` or ``keda/...``) -> YAML text, for ``kworkers deploy render``.
 
@@ -182,9 +199,17 @@ def render(
     ``package.module[:attr]`` holding the ``Worker`` (``:worker`` when no attribute is given);
     ``partitions``: of the source topics; ``maxReplicaCount`` (``max_replicas``, default
     ``partitions``) may not exceed it (``ConfigError``); ``min_replicas`` (default) 0 lets KEDA
-    scale to zero; ``sasl_secret``: a Secret with ``username`` and ``password`` keys, used by
-    the pods and by KEDA; ``scaler``: the Kafka trigger settings (``DEFAULT_SCALER``);
-    ``resources``: container requests and limits.
+    scale to zero; ``sasl_secret``: a Secret with ``username`` and ``password`` keys (for
+    OAUTHBEARER the client id and secret), used by the pods and by KEDA, over SASL_SSL unless
+    the worker's settings say otherwise (SASL_PLAINTEXT is refused unless ``plaintext_sasl``);
+    ``tls_secret``: a Secret with ``ca.crt`` (and with ``tls_client_cert``, ``tls.crt`` and
+    ``tls.key`` for mTLS) mounted as files in the pods and read by KEDA
+    (``kworkers.deploy.security``); ``scaler``: the Kafka trigger settings
+    (``DEFAULT_SCALER``); ``resources``: container requests and limits.
+
+    The bootstrap address must be the cluster's: the default ``127.0.0.1:9092`` is refused,
+    and so is any loopback address (in a pod it is the pod itself) unless ``allow_loopback``
+    (a test that runs the pod's command on this machine).
 
     Share mode (``config.mode == "share"``): the main trigger is a Prometheus query over the
     workers' backlog gauge at ``prometheus`` (the server address, required); ``max_replicas``
@@ -194,9 +219,26 @@ def render(
     objs = manifests(config, image=image, app=app, module=module, partitions=partitions,
                      namespace=namespace, max_replicas=max_replicas, min_replicas=min_replicas,
                      metrics_port=metrics_port, sasl_secret=sasl_secret, scaler=scaler,
-                     resources=resources, prometheus=prometheus)
-    comments = {**_COMMENTS, **(_SHARE_COMMENTS if config.mode == "share" else {})}
-    return {name: dump(obj, comments[name]) for name, obj in objs.items()}
+                     resources=resources, prometheus=prometheus, tls_secret=tls_secret,
+                     tls_client_cert=tls_client_cert, plaintext_sasl=plaintext_sasl,
+                     allow_loopback=allow_loopback)
+    sec = deploy_security(config, sasl_secret, tls_secret, tls_client_cert, plaintext_sasl)
+    notes = comments(config.mode, sec, config.rate_limit)
+    return {name: dump(obj, notes[name]) for name, obj in objs.items()}
+
+
+def _check_bootstrap(bootstrap: str, allow_loopback: bool) -> None:
+    """A pod must be told where the cluster is: never the default, never itself."""
+    if bootstrap == DEFAULT_BOOTSTRAP:
+        raise ConfigError(f"bootstrap servers: the worker's config names none (the default "
+                          f"{DEFAULT_BOOTSTRAP} would be written into the ConfigMap and the "
+                          "KEDA triggers): pass --bootstrap HOST:PORT (or "
+                          "KWORKERS_BOOTSTRAP_SERVERS, or bootstrap.servers in --config)")
+    hosts = [b.strip().rpartition(":")[0].strip("[]").lower() for b in bootstrap.split(",")]
+    loopback = [h for h in hosts if h == "localhost" or h.startswith("127.") or h == "::1"]
+    if loopback and not allow_loopback:
+        raise ConfigError(f"bootstrap servers {bootstrap}: a loopback address in a pod is the "
+                          "pod itself; pass the cluster's bootstrap address (--bootstrap)")
 
 
 # ---------------------------------------------------------------------- objects
@@ -218,20 +260,8 @@ def _check_secrets(config: WorkerConfig, sasl_secret: str | None) -> None:
                           "module from a mounted Secret")
 
 
-def _security(config: WorkerConfig, sasl: bool) -> tuple[str, str]:
-    """(security.protocol, SASL mechanism) the pods and KEDA use."""
-    props = config.client.security
-    protocol = str(props.get("security.protocol", "SASL_PLAINTEXT" if sasl else "PLAINTEXT"))
-    mechanism = str(props.get("sasl.mechanism", props.get("sasl.mechanisms", "PLAIN")))
-    return protocol, mechanism
-
-
-def _configmap(config: WorkerConfig, names: _Names, sasl: bool) -> dict[str, Any]:
-    data = envvars.config_env(config)
-    if sasl:
-        protocol, mechanism = _security(config, sasl)
-        data[envvars.SECURITY_PROTOCOL] = protocol
-        data[envvars.SASL_MECHANISM] = mechanism
+def _configmap(config: WorkerConfig, names: _Names, sec: DeploySecurity) -> dict[str, Any]:
+    data = {**envvars.config_env(config), **sec.configmap_vars()}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -241,7 +271,7 @@ def _configmap(config: WorkerConfig, names: _Names, sasl: bool) -> dict[str, Any
 
 
 def _deployment(config: WorkerConfig, names: _Names, image: str, target: str, port: int,
-                sasl_secret: str | None, res: Resources) -> dict[str, Any]:
+                sec: DeploySecurity, res: Resources) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "worker",
         "image": image,
@@ -251,12 +281,11 @@ def _deployment(config: WorkerConfig, names: _Names, image: str, target: str, po
         "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
         "envFrom": [{"configMapRef": {"name": names.configmap}}],
     }
-    if sasl_secret is not None:
-        container["env"] = [
-            {"name": var, "valueFrom": {"secretKeyRef": {"name": sasl_secret, "key": key}}}
-            for var, key in ((envvars.SASL_USERNAME, "username"),
-                             (envvars.SASL_PASSWORD, "password"))
-        ]
+    if sec.secret_env():
+        container["env"] = sec.secret_env()
+    mount, volume = sec.volume_mount(), sec.volume()
+    if mount is not None:
+        container["volumeMounts"] = [mount]
     container |= {
         "resources": {
             "requests": {"cpu": res.cpu_request, "memory": res.memory_request},
@@ -302,9 +331,12 @@ def _deployment(config: WorkerConfig, names: _Names, image: str, target: str, po
                 },
                 "spec": {
                     "terminationGracePeriodSeconds": grace_period(config),
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
-                                        "runAsGroup": 10001},
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": POD_UID,
+                                        "runAsGroup": POD_UID,
+                                        # the mounted TLS Secret's files: this group's only
+                                        **({"fsGroup": POD_UID} if volume else {})},
                     "containers": [container],
+                    **({"volumes": [volume]} if volume else {}),
                 },
             },
         },
@@ -312,19 +344,20 @@ def _deployment(config: WorkerConfig, names: _Names, image: str, target: str, po
 
 
 def _trigger(name: str, config: WorkerConfig, group: str, topic: str,
-             settings: ScalerSettings, auth: str | None) -> dict[str, Any]:
+             settings: ScalerSettings, sec: DeploySecurity, auth: str) -> dict[str, Any]:
     meta = {
         "bootstrapServers": config.bootstrap_servers,
         "consumerGroup": group,
         "topic": topic,
         **settings.trigger_metadata(),
     }
-    protocol, mechanism = _security(config, auth is not None)
-    if protocol.endswith("SSL"):
+    if sec.tls:
         meta["tls"] = "enable"
-    if auth is None:
+    sasl = sec.keda_sasl()
+    if sasl is not None:
+        meta["sasl"] = sasl
+    if not sec.keda_auth:
         return {"type": "kafka", "name": name, "metadata": meta}
-    meta["sasl"] = _KEDA_SASL.get(mechanism.upper(), mechanism.lower().replace("-", "_"))
     return {"type": "kafka", "name": name, "metadata": meta,
             "authenticationRef": {"name": auth}}
 
@@ -366,18 +399,17 @@ def _share_trigger(config: WorkerConfig, scaler: ScalerSettings,
 
 
 def _scaledobject(config: WorkerConfig, names: _Names, scaler: ScalerSettings,
-                  min_replicas: int, max_replicas: int, sasl: bool,
+                  min_replicas: int, max_replicas: int, sec: DeploySecurity,
                   prometheus: str | None) -> dict[str, Any]:
     retry = dataclasses.replace(scaler, exclude_persistent_lag=True)
-    auth = names.auth if sasl else None
     if config.mode == "share":
         assert prometheus is not None  # _share_bounds
         triggers = [_share_trigger(config, scaler, prometheus)]
     else:
         triggers = [_trigger(_trigger_name("main", t), config, config.group_id, t, scaler,
-                             auth) for t in config.topics]
+                             sec, names.auth) for t in config.topics]
     triggers += [_trigger(_trigger_name("retry", t), config, config.retry_group_id, t, retry,
-                          auth)
+                          sec, names.auth)
                  for t in config.tier_topics()]
     return {
         "apiVersion": KEDA_API,
@@ -395,73 +427,10 @@ def _scaledobject(config: WorkerConfig, names: _Names, scaler: ScalerSettings,
     }
 
 
-def _triggerauth(names: _Names, secret: str) -> dict[str, Any]:
+def _triggerauth(names: _Names, sec: DeploySecurity) -> dict[str, Any]:
     return {
         "apiVersion": KEDA_API,
         "kind": "TriggerAuthentication",
         "metadata": names.meta(names.auth),
-        "spec": {
-            "secretTargetRef": [
-                {"parameter": "username", "name": secret, "key": "username"},
-                {"parameter": "password", "name": secret, "key": "password"},
-            ],
-        },
+        "spec": sec.triggerauth_spec(names.configmap),
     }
-
-
-_COMMENTS: Mapping[str, str] = {
-    "k8s/configmap.yaml": """\
-Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
-The worker's settings as KWORKERS_* variables: `kworkers run` applies them over the worker
-module's own config (kworkers.settings), the security ones included. Credentials are not
-here: the Deployment takes them from the SASL Secret as KWORKERS_SASL_USERNAME and
-KWORKERS_SASL_PASSWORD, which `kworkers run` turns into every client's sasl.* settings.
-""",
-    "k8s/deployment.yaml": """\
-Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
-One Deployment runs both poll loops of the worker: the main group on the source topics and
-the `<group>.retry` group on the retry-tier topics (Worker.run always starts both), so the one
-ScaledObject in keda/ scales it on both groups' lag.
-Stopping: the kubelet sends SIGTERM (no preStop hook needed); the worker stops fetching,
-drains in-flight work (drain_timeout), commits and leaves the group. The grace period is
-drain_timeout + revoke_timeout + 15 s so that SIGKILL never cuts a drain short.
-""",
-    "keda/scaledobject.yaml": """\
-Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
-KEDA allows one ScaledObject per Deployment, and one Deployment runs both loops (see
-k8s/deployment.yaml), so this one ScaledObject carries the triggers of both consumer groups;
-the HPA follows whichever trigger asks for the most replicas.
-- main-*: the main group's lag on each source topic.
-- retry-*: the retry group's lag on each tier topic, with excludePersistentLag "true": a
-  record waiting for its due time holds its partition's committed offset still, so KEDA
-  leaves that partition out of the scaling metric. Waiting retries still count for
-  activation (they keep one pod alive to run them when due) but never grow the pool.
-offsetResetPolicy is "earliest" because the worker's consumers start from the earliest offset
-when the group has no commit: KEDA then counts the whole partition as lag, as the worker will.
-maxReplicaCount is at most the partition count: a consumer beyond it owns no partition.
-""",
-    "keda/triggerauthentication.yaml": """\
-Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
-KEDA's credentials for the Kafka triggers (sasl: plaintext is set in their metadata), read
-from the same Secret the worker pods use: keys `username` and `password`.
-""",
-}
-
-#: share mode's ScaledObject says what differs
-_SHARE_COMMENTS: Mapping[str, str] = {
-    "keda/scaledobject.yaml": """\
-Generated by `kworkers deploy render`; edit the WorkerConfig, not this file.
-Share mode (KIP-932): the main group is a share group, which KEDA's Kafka scaler cannot read
-(a share group has no committed offsets; KEDA issue 7920), so the main trigger is a
-Prometheus query over the workers' own kworkers_share_backlog gauge: each worker exports, per
-partition, the log end minus one past the highest offset it acquired; the query takes the
-minimum per partition over replicas (the freshest view) and sums the partitions, never a sum
-over replicas, which would count one backlog once per replica.
-- main-share-*: ceil(backlog / threshold) replicas; not capped by the partition count (share
-  groups lend records one by one to any number of members), only by maxReplicaCount and the
-  broker's group.share.max.size (200 by default).
-- retry-*: the retry tiers stay on an ordinary consumer group, scaled as in partitioned mode.
-minReplicaCount is at least 1: at zero replicas nobody exports the backlog and KEDA would
-never scale the pool up again.
-""",
-}

@@ -22,7 +22,8 @@ def example_config() -> WorkerConfig:
     )
 
 
-#: the render arguments of the committed example (6 partitions, SASL from a Secret)
+#: the render arguments of the committed example (6 partitions, SASL over TLS: the SASL
+#: credentials and the cluster's CA from Secrets)
 EXAMPLE_ARGS: dict[str, Any] = {
     "image": "kworkers/worker:0.1.0",
     "app": "orders",
@@ -30,6 +31,7 @@ EXAMPLE_ARGS: dict[str, Any] = {
     "partitions": 6,
     "namespace": "default",
     "sasl_secret": "orders-kafka-sasl",
+    "tls_secret": "orders-kafka-ca",
 }
 
 

@@ -152,12 +152,16 @@ def _triggerauth(obj: Mapping[str, Any], out: list[str]) -> None:
     for key in spec:
         if key not in _TRIGGERAUTH_SPEC:
             out.append(f"{where}: unknown field spec.{key}")
-    refs = spec.get("secretTargetRef", [])
+    for field in ("secretTargetRef", "configMapTargetRef"):
+        _target_refs(spec.get(field, []), f"{where} {field}", out)
+
+
+def _target_refs(refs: Any, where: str, out: list[str]) -> None:
     if not isinstance(refs, list):
-        out.append(f"{where}: spec.secretTargetRef must be a list")
+        out.append(f"{where}: must be a list")
         return
     for i, ref in enumerate(refs):
-        rw = f"{where} secretTargetRef {i}"
+        rw = f"{where} {i}"
         if not isinstance(ref, Mapping):
             out.append(f"{rw}: must be a mapping")
             continue
@@ -186,7 +190,8 @@ def keda_problems(obj: Mapping[str, Any]) -> list[str]:
 
 def cross_problems(objs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """References between rendered objects that must resolve: the ScaledObject's target, its
-    triggers' TriggerAuthentication and the Deployment's ConfigMap."""
+    triggers' TriggerAuthentication, the ConfigMap keys that one reads, and the Deployment's
+    ConfigMap."""
     by_kind: dict[str, set[str]] = {}
     for obj in objs.values():
         by_kind.setdefault(str(obj.get("kind")), set()).add(str(obj["metadata"]["name"]))
@@ -201,6 +206,13 @@ def cross_problems(objs: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 if ref and ref not in by_kind.get("TriggerAuthentication", set()):
                     out.append(f"trigger {trig.get('name')!r} names TriggerAuthentication "
                                f"{ref!r}, which is not rendered")
+        if obj.get("kind") == "TriggerAuthentication":
+            data = {str(o["metadata"]["name"]): o.get("data", {}) for o in objs.values()
+                    if o.get("kind") == "ConfigMap"}
+            for ref in obj["spec"].get("configMapTargetRef", []):
+                if ref.get("key") not in data.get(ref.get("name"), {}):
+                    out.append(f"TriggerAuthentication reads {ref.get('key')!r} of ConfigMap "
+                               f"{ref.get('name')!r}, which the rendered ConfigMap lacks")
         if obj.get("kind") == "Deployment":
             for c in obj["spec"]["template"]["spec"]["containers"]:
                 for src in c.get("envFrom", []):

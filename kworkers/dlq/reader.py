@@ -16,6 +16,7 @@ from kworkers.kafka.reader import scan
 from kworkers.kafka.settings import ClientSettings
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import HeaderError
+from kworkers.topic_names import check_dlq
 
 
 @dataclass
@@ -29,7 +30,9 @@ class DlqContents:
 
 
 def read_dlq(client: ClientSettings | str, dlq: str, timeout: float = 60.0) -> DlqContents:
-    """Every record of ``dlq``, parsed; ``TopicNotFound`` when there is no such topic."""
+    """Every record of ``dlq``, parsed; ``ConfigError`` when ``dlq`` is not named as a DLQ
+    (``topic_names.check_dlq``), ``TopicNotFound`` when there is no such topic."""
+    check_dlq(dlq)
     require_topic(client, dlq, hint="is the DLQ name <topic>.dlq?")
     contents = DlqContents(dlq)
     for msg in scan(client, dlq, timeout=timeout).messages:

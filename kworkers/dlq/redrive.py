@@ -23,10 +23,15 @@ the rerun skips them. Two redrives of one DLQ at once cannot both win: the secon
 A replay to its original topic goes to its original partition, not wherever this producer's
 partitioner would put the key: librdkafka's default partitioner is not Java's, and the key's
 other records (and its order) live on the original partition.
+
+Every redrive that is not a dry run is also written down for people: who started it, through
+what, when, which selection, and how it ended, in ``<dlq>.audit`` (``kworkers.dlq.audit``),
+by the same transactional producer, before the first replay and after the last commit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -34,18 +39,28 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-
-from kworkers.admin import TopicSpec, create_topics
+from kworkers.dlq.audit import (
+    Actor,
+    AuditRun,
+    describe_filter,
+    end_entry,
+    new_run,
+    runs,
+    start_entry,
+)
+from kworkers.dlq.ledger import read_ledger
 from kworkers.dlq.reader import read_dlq
 from kworkers.dlq.redrive_plan import RedriveFilter, Replay, check_target, ledger_key, plan
-from kworkers.errors import ConfigError, KworkersError
+from kworkers.errors import ConfigError, KworkersError, TransactionAborted, TransactionFailed
 from kworkers.kafka import clients
+from kworkers.kafka.admin import create_topics
 from kworkers.kafka.reader import scan
 from kworkers.kafka.settings import ClientSettings, as_client
+from kworkers.kafka.transactions import Transactions
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import redrive_headers
-from kworkers.topic_names import ledger_topic
+from kworkers.topic_names import audit_topic, check_dlq, ledger_topic
+from kworkers.topic_plan import TopicSpec
 
 #: Dead letters per transaction: large enough to amortise the commit round trip, small enough
 #: that a crash costs little to redo.
@@ -83,6 +98,8 @@ class RedriveSummary:
     unreadable: int = 0
     targets: dict[str, int] = field(default_factory=dict)
     refused: tuple[tuple[str, str], ...] = ()
+    #: what was replayed (or would be, in a dry run), in DLQ order
+    replays: tuple[Replay, ...] = ()
 
     def line(self) -> str:
         """The summary line the CLI ends with (stable: scripts parse it; ``refused=N`` only
@@ -96,14 +113,6 @@ class RedriveSummary:
         return text
 
 
-def read_ledger(client: ClientSettings | str, dlq: str) -> set[str]:
-    """The dead letters already replayed (committed markers only); empty without a ledger."""
-    name = ledger_topic(dlq)
-    if name not in clients.list_topics(client):
-        return set()
-    return {(m.key or b"").decode("utf-8", "replace") for m in scan(client, name).messages}
-
-
 def redrive(
     client: ClientSettings | str,
     dlq: str,
@@ -115,6 +124,8 @@ def redrive(
     *,
     batch_size: int = BATCH_SIZE,
     crash_after: int | None = None,
+    actor: Actor | None = None,
+    selection: str | None = None,
 ) -> RedriveSummary:
     """Replay the dead letters of ``dlq`` that ``filter`` selects and no redrive replayed yet.
 
@@ -122,9 +133,12 @@ def redrive(
     whose recorded origin disagrees is then refused, see ``redrive_plan.redrive_target``).
     ``rate``: at most this many replays per second. ``crash_after`` (tests only; also read
     from ``KWORKERS_REDRIVE_CRASH_AFTER``): exit the process with status 3 after producing
-    that many replays inside an open transaction, to prove a crash is harmless.
+    that many replays inside an open transaction, to prove a crash is harmless. ``actor``:
+    who the audit names (default: this process's OS user, through ``api``); ``selection``:
+    the selection in the audit's words (default: ``filter`` and ``target`` described).
     """
     flt = filter or RedriveFilter()
+    check_dlq(dlq)  # before anything is created: a tier or a source is never "redriven"
     if rate is not None and rate <= 0:
         raise ConfigError(f"rate must be > 0, got {rate}")
     if batch_size < 1:
@@ -141,21 +155,29 @@ def redrive(
     if target is not None and target not in have:
         raise ConfigError(f"redrive target topic {target!r} does not exist on {where}")
 
-    producer: Producer | None = None
+    txn: Transactions | None = None
+    who = actor or Actor.of_process("api")
+    run = new_run()
     if not dry_run:
-        ledger = ledger_topic(dlq)
-        if ledger not in have:
-            # one partition is plenty (a key per dead letter ever replayed); the broker's
-            # default replication, as for any topic an operator tool creates in production
-            create_topics(clients.admin(settings), [TopicSpec(
-                ledger, partitions=1, replication_factor=-1,
-                config={"cleanup.policy": "compact"})])
+        # one partition is plenty for each (a key per dead letter ever replayed; two records
+        # per redrive); the broker's default replication, as for any topic an operator tool
+        # creates in production; compacted with unique keys, so nothing expires
+        create_topics(clients.admin(settings), [
+            TopicSpec(name, partitions=1, replication_factor=-1,
+                      config={"cleanup.policy": "compact"})
+            for name in (ledger_topic(dlq), audit_topic(dlq)) if name not in have])
         # its transaction timeout (30 s) is short enough that a crashed redrive nobody reruns
         # does not hold back read_committed consumers for long; a batch takes far less
-        producer = clients.transactional_producer(settings, transactional_id(dlq))
+        txn = Transactions(settings, transactional_id(dlq))
         # before reading the ledger: aborts a crashed run's open transaction and fences a
         # concurrent run, so the ledger we read is final for as long as we hold the id
-        _txn(producer.init_transactions, 30)
+        try:
+            txn.init()
+            _audit(txn, dlq, start_entry(run, who, dlq, selection or describe_filter(
+                flt, target), target, time.time()))
+        except (TransactionAborted, TransactionFailed) as exc:
+            raise RedriveError(f"redrive of {dlq} could not start its transaction: {exc}"
+                               ) from None
 
     contents = read_dlq(settings, dlq)
     done = read_ledger(settings, dlq)
@@ -166,17 +188,45 @@ def redrive(
     refused = tuple((ledger_key(r.dead), r.reason) for r in p.refused)
     summary = RedriveSummary(dlq, len(p.selected), 0, p.skipped_already, len(todo), dry_run,
                              len(contents.unreadable), dict(Counter(r.topic for r in todo)),
-                             refused)
-    if dry_run or not todo:
+                             refused, tuple(todo))
+    if dry_run:
         return summary
+    assert txn is not None
+    if todo:
+        size = batch_size if rate is None else max(1, min(batch_size, int(rate)))
+        try:
+            sent = _replay(txn, dlq, todo, size, rate, progress, crash_after)
+        except RedriveError as exc:
+            # a fenced producer cannot write it: the audit then shows a run that never ended
+            with contextlib.suppress(TransactionAborted, TransactionFailed):
+                _audit(txn, dlq, end_entry(run, who, time.time(), None, str(exc)))
+            raise
+        summary = replace(summary, redriven=sent, pending=0)
+    try:
+        _audit(txn, dlq, end_entry(run, who, time.time(), summary.line()))
+    except (TransactionAborted, TransactionFailed) as exc:
+        raise RedriveError(f"redrive of {dlq} replayed {summary.redriven} but could not write "
+                           f"its audit entry: {exc}") from None
+    return summary
 
-    assert producer is not None
-    size = batch_size if rate is None else max(1, min(batch_size, int(rate)))
-    sent = _replay(producer, dlq, todo, size, rate, progress, crash_after)
-    return replace(summary, redriven=sent, pending=0)
+
+def _audit(txn: Transactions, dlq: str, entry: tuple[bytes, bytes]) -> None:
+    """One audit entry in a transaction of its own (``kworkers.dlq.audit``)."""
+    key, value = entry
+    txn.begin()
+    txn.produce(audit_topic(dlq), key, value)
+    txn.commit()
 
 
-def _replay(producer: Producer, dlq: str, todo: Sequence[Replay], size: int,
+def read_audit(client: ClientSettings | str, dlq: str) -> list[AuditRun]:
+    """Every redrive of ``dlq`` the audit topic records, newest first (none without it)."""
+    name = audit_topic(dlq)
+    if name not in clients.list_topics(client):
+        return []
+    return runs((m.key, m.value) for m in scan(client, name).messages)
+
+
+def _replay(txn: Transactions, dlq: str, todo: Sequence[Replay], size: int,
             rate: float | None, progress: Progress | None, crash_after: int | None) -> int:
     ledger = ledger_topic(dlq)
     produced = committed = 0
@@ -185,78 +235,44 @@ def _replay(producer: Producer, dlq: str, todo: Sequence[Replay], size: int,
         batch = todo[i:i + size]
         for attempt in range(3):
             try:
-                producer.begin_transaction()
+                txn.begin()
                 for r in batch:
                     if rate is not None:
                         # replays so far at the rate asked for, never faster
                         ahead = produced / rate - (time.monotonic() - started)
                         if ahead > 0:
                             time.sleep(ahead)
-                    _produce(producer, r)
+                    _produce(txn, r)
                     produced += 1
                     if crash_after is not None and produced >= crash_after:
-                        producer.flush(30)  # the replays are in the log, uncommitted
+                        txn.flush(30)  # the replays are in the log, uncommitted
                         os._exit(CRASH_EXIT_CODE)
-                    _produce_marker(producer, ledger, r)
-                _txn(producer.commit_transaction, 60)
+                    _produce_marker(txn, ledger, r)
+                txn.commit()
                 break
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.txn_requires_abort() and attempt < 2:
-                    # nothing of this batch is visible: abort and send it again
-                    produced -= len(batch)
-                    _txn(producer.abort_transaction, 30)
+            except TransactionAborted as exc:
+                produced -= len(batch)  # nothing of this batch is visible: send it again
+                if attempt < 2:
                     continue
                 raise RedriveError(f"redrive of {dlq} stopped after {committed} replays: "
-                                   f"{err.str() if isinstance(err, KafkaError) else exc}"
-                                   ) from None
+                                   f"{exc}") from None
+            except TransactionFailed as exc:
+                raise RedriveError(f"redrive of {dlq} stopped after {committed} replays: "
+                                   f"{exc}") from None
         committed += len(batch)
         if progress is not None:
             progress(committed, len(todo))
     return committed
 
 
-def _produce(producer: Producer, r: Replay) -> None:
+def _produce(txn: Transactions, r: Replay) -> None:
     d = r.dead
     dead_msg = Message(d.dlq_topic, d.dlq_partition, d.dlq_offset, d.key, d.value, d.headers)
-    _produce_raw(producer, r.topic, d.key, d.value, list(redrive_headers(dead_msg)),
-                 r.partition)
+    txn.produce(r.topic, d.key, d.value, list(redrive_headers(dead_msg)), r.partition)
 
 
-def _produce_marker(producer: Producer, ledger: str, r: Replay) -> None:
+def _produce_marker(txn: Transactions, ledger: str, r: Replay) -> None:
     d = r.dead
     marker = {"target": r.topic, "partition": r.partition, "at_ms": round(time.time() * 1000),
               "original": f"{d.original_topic}/{d.original_partition}/{d.original_offset}"}
-    _produce_raw(producer, ledger, ledger_key(d).encode(), json.dumps(marker).encode(), [],
-                 None)
-
-
-def _produce_raw(producer: Producer, topic: str, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes]], partition: int | None) -> None:
-    hs: list[tuple[str, str | bytes | None]] = list(headers)
-    for _ in range(600):
-        try:
-            if partition is None:
-                producer.produce(topic, value=value, key=key, headers=hs)
-            else:
-                producer.produce(topic, value=value, key=key, headers=hs, partition=partition)
-            return
-        except BufferError:  # local queue full: let deliveries drain
-            producer.poll(0.05)
-    raise RedriveError(f"the producer queue stayed full producing to {topic}")
-
-
-def _txn(call: Callable[[float], None], timeout: float) -> None:
-    """A transactional call, retried while the client says the error is retriable."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            call(timeout)
-            return
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if (isinstance(err, KafkaError) and err.retriable()
-                    and time.monotonic() < deadline):
-                time.sleep(0.2)
-                continue
-            raise
+    txn.produce(ledger, ledger_key(d).encode(), json.dumps(marker).encode())

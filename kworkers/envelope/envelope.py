@@ -8,28 +8,28 @@ different effect). Records that are not envelopes carry the two ids as headers i
 
 Two wire formats, one ``EnvelopeCodec`` interface:
 
-* ``SingleObjectCodec``: Avro single-object encoding (``C3 01``, the 8-byte little-endian
-  CRC-64-AVRO fingerprint of the schema's canonical form, the body). Self-describing without a
-  registry service; the default.
-* ``ConfluentWireCodec``: Confluent's framing (``00``, 4-byte big-endian schema id, the body), for
-  deployments that run a schema registry; the registry is a ``SchemaRegistry`` seam.
+* ``SingleObjectCodec`` (here): Avro single-object encoding (``C3 01``, the 8-byte
+  little-endian CRC-64-AVRO fingerprint of the schema's canonical form, the body).
+  Self-describing without a registry service; the default.
+* ``ConfluentCodec`` (``confluent.py``, the ``registry`` extra): Confluent's framing through a
+  real schema registry, with confluent-kafka's Avro serializer and deserializer.
 
 Decoding never raises anything but ``DecodeError`` for bad input: a record that cannot be
 decoded is non-retryable by nature and goes to the DLQ, and a stray ``EOFError`` or
 ``UnicodeDecodeError`` must not be mistaken for a transient failure and retried forever. The one
 exception is a registry that is *unavailable* (not one that answers "unknown id"): that is
-transient, so it propagates as whatever the registry raised.
+transient, so it propagates as whatever the registry client raised
+(``kworkers.payloads.failures`` tells the two apart).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -44,13 +44,12 @@ __all__ = [
     "SCHEMA_VERSION",
     "WORKFLOW_ID_HEADER",
     "ActivityTask",
-    "ConfluentWireCodec",
     "EnvelopeCodec",
-    "InMemoryRegistry",
-    "SchemaRegistry",
     "SingleObjectCodec",
     "ids_from_headers",
     "ids_to_headers",
+    "task_of",
+    "value_bytes",
 ]
 
 #: Header names that carry the ids on plain (non-envelope) records.
@@ -156,7 +155,8 @@ def _fingerprint(parsed: Any) -> bytes:
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
 
 
-def _as_bytes(data: object, what: str) -> bytes:
+def value_bytes(data: object, what: str) -> bytes:
+    """``data`` as non-empty bytes; DecodeError naming ``what`` otherwise."""
     if data is None:
         raise DecodeError(f"no value: a null record cannot be an {what}")
     if isinstance(data, bytearray | memoryview):
@@ -178,6 +178,11 @@ def _read_task(body: bytes, writer: Any, reader: Any | None, where: str) -> Acti
         ) from exc
     if fo.tell() != len(body):
         raise DecodeError(f"{where}: {len(body) - fo.tell()} unexpected bytes after the record")
+    return task_of(rec, where)
+
+
+def task_of(rec: object, where: str) -> ActivityTask:
+    """The task in a decoded Avro record; DecodeError when it is not one."""
     if not isinstance(rec, dict):
         raise DecodeError(f"{where}: the schema does not describe a record")
     try:
@@ -229,7 +234,7 @@ class SingleObjectCodec:
         return self.MAGIC + self.fingerprint + _write(self._schema, task)
 
     def decode(self, data: bytes | None) -> ActivityTask:
-        raw = _as_bytes(data, "Avro single-object encoded task")
+        raw = value_bytes(data, "Avro single-object encoded task")
         if raw[:2] != self.MAGIC:
             raise DecodeError(
                 f"wrong magic {raw[:2].hex()!r}: not Avro single-object encoding (c301)"
@@ -245,106 +250,6 @@ class SingleObjectCodec:
             )
         reader = None if writer is self._schema else self._schema
         return _read_task(raw[10:], writer, reader, f"single-object task {fp.hex()}")
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-class SchemaRegistry(Protocol):
-    """The two calls the Confluent framing needs from a schema registry."""
-
-    def register(self, subject: str, schema_json: str) -> int:
-        """The id of ``schema_json`` under ``subject`` (registering it when new)."""
-        ...
-
-    def schema(self, schema_id: int) -> dict[str, Any]:
-        """The schema with this id; ``LookupError`` (e.g. KeyError) when there is none. Any
-        other exception means the registry is unavailable, which is retryable."""
-        ...
-
-
-class InMemoryRegistry:
-    """A registry in a dict, for tests: ids from 1, one id per distinct canonical schema."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_id: dict[int, str] = {}
-        self._by_canonical: dict[str, int] = {}
-        self.subjects: dict[str, list[int]] = {}
-
-    def register(self, subject: str, schema_json: str) -> int:
-        canonical = to_parsing_canonical_form(parse_schema(json.loads(schema_json)))
-        with self._lock:
-            sid = self._by_canonical.get(canonical)
-            if sid is None:
-                sid = len(self._by_id) + 1
-                self._by_id[sid] = schema_json
-                self._by_canonical[canonical] = sid
-            versions = self.subjects.setdefault(subject, [])
-            if sid not in versions:
-                versions.append(sid)
-            return sid
-
-    def schema(self, schema_id: int) -> dict[str, Any]:
-        with self._lock:
-            text = self._by_id[schema_id]  # KeyError: unknown id
-        return cast(dict[str, Any], json.loads(text))
-
-
-class ConfluentWireCodec:
-    """Confluent framing: ``00``, 4-byte big-endian schema id, Avro body.
-
-    Registers the task schema under ``subject`` on first encode. Decodes any schema id the
-    registry knows, resolving the writer's schema to the current one, so producers may run an
-    older or newer compatible schema.
-    """
-
-    MAGIC = b"\x00"
-
-    def __init__(self, registry: SchemaRegistry, subject: str = "kworkers.ActivityTask") -> None:
-        if not subject:
-            raise ConfigError("a schema registry subject must not be empty")
-        self.registry = registry
-        self.subject = subject
-        self._schema = _parse(SCHEMA, "the bundled task schema")
-        self._id: int | None = None
-        self._writers: dict[int, Any] = {}
-        self._lock = threading.Lock()
-
-    def encode(self, task: ActivityTask) -> bytes:
-        if self._id is None:
-            sid = self.registry.register(self.subject, SCHEMA_JSON)
-            if not 0 <= sid < 2**32:
-                raise ConfigError(f"schema id {sid} does not fit the 4-byte wire field")
-            with self._lock:
-                self._id = sid
-                self._writers[sid] = self._schema
-        return self.MAGIC + self._id.to_bytes(4, "big") + _write(self._schema, task)
-
-    def _writer(self, sid: int) -> Any:
-        with self._lock:
-            cached = self._writers.get(sid)
-        if cached is not None:
-            return cached
-        try:
-            found = self.registry.schema(sid)
-        except LookupError as exc:
-            raise DecodeError(f"unknown schema id {sid}: the registry has no such schema") from exc
-        parsed = _parse(found, f"schema id {sid}")
-        with self._lock:
-            self._writers[sid] = parsed
-        return parsed
-
-    def decode(self, data: bytes | None) -> ActivityTask:
-        raw = _as_bytes(data, "Confluent-framed Avro task")
-        if raw[:1] != self.MAGIC:
-            raise DecodeError(f"wrong magic byte {raw[:1].hex()!r}: not Confluent framing (00)")
-        if len(raw) < 5:
-            raise DecodeError(f"{len(raw)} bytes: too short for a Confluent header (5)")
-        sid = int.from_bytes(raw[1:5], "big")
-        writer = self._writer(sid)
-        reader = None if writer is self._schema else self._schema
-        return _read_task(raw[5:], writer, reader, f"task with schema id {sid}")
 
 
 # ---------------------------------------------------------------------------------------------

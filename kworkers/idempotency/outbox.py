@@ -28,6 +28,13 @@ record.
 
 Kafka stays out of this module: the relay takes a ``send(topic, key, value, headers)`` callable
 that returns only once the broker acknowledged the record (and raises otherwise).
+
+**Typed records.** ``Outbox(store, value_serializer=AvroSerializer(client, schema))`` (and
+``key_serializer``) turns what ``enqueue`` is given into bytes *at enqueue time*, in the
+effect's transaction, with the record's topic in the ``SerializationContext``
+(``kworkers.payloads.serde``): the row holds the exact bytes the relay will produce, so a
+resend after a crash is byte-for-byte the same record, and a value the schema refuses fails
+the handler's attempt (its transaction rolls back) instead of a relay that can never send it.
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kworkers.clock import Clock, SystemClock
+from kworkers.consumer.ports import settle
 from kworkers.errors import ConfigError
 from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
 from kworkers.message import Headers
+from kworkers.payloads.serde import Serializer, check_callable, serialize
 
 __all__ = ["Outbox", "OutboxRecord", "Send"]
 
@@ -62,11 +71,11 @@ MAX_ERROR_BACKOFF_S = 5.0
 
 
 class SenderLike(Protocol):
-    """kworkers' ``Sender`` seam (``kworkers.retry_tiers.router.Sender``), restated here so the
-    outbox needs no import from the consumer side."""
+    """kworkers' ``Sender`` seam (``kworkers.consumer.ports.Sender``), restated here so the
+    outbox depends on no more of the consumer side than ``settle``."""
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]: ...
+             headers: Headers, done: Callable[[BaseException | None], None]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +103,13 @@ def _decode_headers(text: str | None) -> Headers:
     return tuple((str(n), base64.b64decode(v)) for n, v in json.loads(text))
 
 
-def _opt_bytes(b: Any) -> bytes | None:
-    return None if b is None else bytes(b)
+def _opt_bytes(b: Any, what: str = "a stored key or value") -> bytes | None:
+    if b is None or isinstance(b, bytes):
+        return b
+    if isinstance(b, bytearray | memoryview):
+        return bytes(b)
+    raise ConfigError(f"{what} must be bytes, got {type(b).__name__} (an Outbox with a "
+                      "key_serializer / value_serializer takes objects)")
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
@@ -116,9 +130,15 @@ class Outbox:
     """
 
     def __init__(self, store: TransactionalStore[Any], *, table: str = "kworkers_outbox",
-                 lease_s: float = 60.0, clock: Clock | None = None) -> None:
+                 lease_s: float = 60.0, clock: Clock | None = None,
+                 key_serializer: Serializer | None = None,
+                 value_serializer: Serializer | None = None) -> None:
         if not lease_s > 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
+        check_callable(key_serializer, "key_serializer")
+        check_callable(value_serializer, "value_serializer")
+        self.key_serializer = key_serializer
+        self.value_serializer = value_serializer
         self.store = store
         self.table = check_identifier(table)
         check_identifier(f"{table}_key")
@@ -138,19 +158,21 @@ class Outbox:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
                 create = ("CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL PRIMARY KEY, "
                           "topic TEXT NOT NULL, key BYTEA, value BYTEA, headers TEXT NOT NULL, "
-                          "lease_until DOUBLE PRECISION NOT NULL DEFAULT 0, claimed_by TEXT)")
+                          "lease_until DOUBLE PRECISION NOT NULL DEFAULT 0, claimed_by TEXT, "
+                          "not_before DOUBLE PRECISION NOT NULL DEFAULT 0)")
             else:
                 create = ("CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY "
                           "AUTOINCREMENT, topic TEXT NOT NULL, key BLOB, value BLOB, "
                           "headers TEXT NOT NULL, lease_until REAL NOT NULL DEFAULT 0, "
-                          "claimed_by TEXT)")
+                          "claimed_by TEXT, not_before REAL NOT NULL DEFAULT 0)")
             conn.execute(self._sql(create), ())
             self._add_lease_columns(conn)
             conn.execute(self._sql("CREATE INDEX IF NOT EXISTS {t}_key ON {t} (topic, key, id)"),
                          ())
 
     def _add_lease_columns(self, conn: SqlConnection) -> None:
-        """Tables made before relays claimed rows have no lease columns: add them."""
+        """Tables made before relays claimed rows have no lease columns, and tables made before
+        rows could be due later no ``not_before``: add them."""
         real = "DOUBLE PRECISION" if self._postgres else "REAL"
         if self._postgres:
             have = {r[0] for r in conn.execute(
@@ -164,23 +186,46 @@ class Outbox:
                                    "DEFAULT 0"), ())
         if "claimed_by" not in have:
             conn.execute(self._sql("ALTER TABLE {t} ADD COLUMN claimed_by TEXT"), ())
+        if "not_before" not in have:
+            conn.execute(self._sql(f"ALTER TABLE {{t}} ADD COLUMN not_before {real} NOT NULL "
+                                   "DEFAULT 0"), ())
 
     def enqueue(
         self,
         conn: SqlConnection,
         topic: str,
-        key: bytes | None,
-        value: bytes | None,
+        key: Any,
+        value: Any,
         headers: Headers = (),
+        not_before: float = 0.0,
     ) -> None:
         """Add a record on ``conn``, inside the caller's open transaction: it commits or rolls
-        back together with the effect."""
+        back together with the effect. ``key`` and ``value`` are bytes, or what the outbox's
+        serializers take. ``not_before`` (epoch seconds on the outbox's clock): no relay claims
+        the row before then; it is a durable timer (a workflow's ``ctx.sleep``): the row waits
+        in the table, holding no thread, memory or connection, and a crash changes nothing.
+        A not-yet-due row also holds back the rows of its key queued behind it (order per
+        key)."""
         if not topic:
             raise ConfigError("an outbox record needs a topic")
+        if self.key_serializer is not None:
+            key = serialize(self.key_serializer, key, topic, "key", headers)
+        if self.value_serializer is not None:
+            value = serialize(self.value_serializer, value, topic, "value", headers)
         conn.execute(
-            self._sql("INSERT INTO {t} (topic, key, value, headers) VALUES (?, ?, ?, ?)"),
-            (topic, _opt_bytes(key), _opt_bytes(value), _encode_headers(headers)),
+            self._sql("INSERT INTO {t} (topic, key, value, headers, not_before) "
+                      "VALUES (?, ?, ?, ?, ?)"),
+            (topic, _opt_bytes(key, "an outbox key"), _opt_bytes(value, "an outbox value"),
+             _encode_headers(headers), float(not_before)),
         )
+
+    def due_now(self, conn: SqlConnection, topic: str, key: bytes) -> int:
+        """Make the not-yet-due rows of ``key`` due at once (a timer woken early, e.g. by a
+        workflow signal), on the caller's transaction; how many there were."""
+        cur = conn.execute(self._sql(
+            "UPDATE {t} SET not_before = 0 WHERE topic = ? AND key = ? AND not_before > 0"),
+            (topic, key))
+        return max(int(cur.rowcount), 0)
 
     def pending(self, limit: int = 100) -> list[OutboxRecord]:
         """The oldest unsent records, claimed or not, in the order they were enqueued (by id)."""
@@ -203,9 +248,10 @@ class Outbox:
         lock = " FOR UPDATE SKIP LOCKED" if self._postgres else ""
         with self.store.atomic() as conn:
             heads = [_record(r) for r in conn.execute(self._sql(
-                f"SELECT {_COLUMNS} FROM {{t}} o WHERE o.lease_until <= ? AND NOT EXISTS "
+                f"SELECT {_COLUMNS} FROM {{t}} o WHERE o.lease_until <= ? AND o.not_before <= ? "
+                "AND NOT EXISTS "
                 "(SELECT 1 FROM {t} p WHERE p.topic = o.topic AND p.key = o.key AND p.id < o.id)"
-                f" ORDER BY o.id LIMIT ?{lock}"), (now, limit)).fetchall()]
+                f" ORDER BY o.id LIMIT ?{lock}"), (now, now, limit)).fetchall()]
             if not heads:
                 return []
             claimed = {r.id: r for r in heads}
@@ -221,9 +267,12 @@ class Outbox:
                 if head.key is None:
                     continue
                 for r in conn.execute(self._sql(
-                        f"SELECT {_COLUMNS} FROM {{t}} WHERE topic = ? AND key = ? AND id > ? "
-                        "ORDER BY id LIMIT ?"), (head.topic, head.key, head.id, room)).fetchall():
-                    claimed[int(r[0])] = _record(r)
+                        f"SELECT {_COLUMNS}, not_before FROM {{t}} WHERE topic = ? AND key = ? "
+                        "AND id > ? ORDER BY id LIMIT ?"),
+                        (head.topic, head.key, head.id, room)).fetchall():
+                    if float(r[5]) > now:
+                        break  # not due yet: it and the rows behind it wait (order per key)
+                    claimed[int(r[0])] = _record(r[:5])
         return [claimed[i] for i in sorted(claimed)]
 
     def release(self, ids: Sequence[int]) -> None:
@@ -316,6 +365,8 @@ def blocking_send(sender: SenderLike, timeout: float = 30.0) -> Send:
     broker acknowledged the record, so ``mark_sent`` never forgets an unsent one."""
 
     def send(topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        sender.send(topic, key, value, headers).result(timeout)
+        fut: Future[None] = Future()
+        sender.send(topic, key, value, headers, settle(fut))
+        fut.result(timeout)
 
     return send

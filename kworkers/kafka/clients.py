@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata
 
 from kworkers.errors import ConfigError
+from kworkers.kafka import diagnose, tls_probe
 from kworkers.kafka.settings import (
     ClientSettings,
     admin_settings,
@@ -64,7 +65,9 @@ def _build(make: Callable[[dict[str, Any]], T], conf: Mapping[str, Any],
     try:
         return make(dict(conf))
     except (KafkaException, ValueError, TypeError) as exc:
-        raise ConfigError(f"client settings: {client.redact(reason(exc))}") from None
+        text = reason(exc)
+        cause = diagnose.from_error(client, text) if "ssl." in text else None
+        raise ConfigError(f"client settings: {client.redact(cause or text)}") from None
 
 
 def admin(client: ClientSettings | str, **callbacks: Any) -> AdminClient:
@@ -83,9 +86,12 @@ def reader(client: ClientSettings | str, group: str = "kworkers-reader") -> Cons
     return _build(Consumer, reader_settings(c, group), c)
 
 
-def transactional_producer(client: ClientSettings | str, transactional_id: str) -> Producer:
+def transactional_producer(client: ClientSettings | str, transactional_id: str,
+                           transaction_timeout_ms: int = 30_000,
+                           overrides: Mapping[str, Any] | None = None) -> Producer:
     c = as_client(client)
-    return _build(Producer, transactional_producer_settings(c, transactional_id), c)
+    return _build(Producer, transactional_producer_settings(
+        c, transactional_id, transaction_timeout_ms, overrides), c)
 
 
 def unreachable(client: ClientSettings | str, exc: BaseException) -> KafkaUnreachable:
@@ -95,29 +101,66 @@ def unreachable(client: ClientSettings | str, exc: BaseException) -> KafkaUnreac
 
 
 def metadata(client: ClientSettings | str, timeout: float = CONNECT_TIMEOUT) -> ClusterMetadata:
-    """The cluster's metadata; ``KafkaUnreachable`` when nobody answers within ``timeout``,
-    at once when the credentials are refused."""
+    """The cluster's metadata; ``KafkaUnreachable`` when nobody answers within ``timeout``, at
+    once when the credentials or the TLS certificates are refused, naming the cause
+    (``kworkers.kafka.diagnose``)."""
     c = as_client(client)
-    refused: list[KafkaError] = []
-
-    def on_error(err: KafkaError) -> None:
-        if err.code() in _AUTH_ERRORS:
-            refused.append(err)
-
-    a = admin(c, error_cb=on_error)
+    seen: list[KafkaError] = []
+    a = admin(c, error_cb=seen.append)
     deadline = time.monotonic() + timeout
+    probed = False
     while True:
         left = deadline - time.monotonic()
         try:
             return a.list_topics(timeout=max(0.1, min(1.0, left)))
         except KafkaException as exc:
             a.poll(0)  # serves the error callback
-            if refused:
-                raise KafkaUnreachable(c.bootstrap_servers, "authentication failed: "
-                                       + c.redact(refused[0].str())) from None
+            cause = _refused(c, seen)
+            if cause is None and not probed and any(
+                    e.code() == KafkaError._ALL_BROKERS_DOWN for e in seen):
+                probed = True  # a protocol that does not match the listener: said at once
+                cause = diagnose.protocol_mismatch(c, _probe_bootstrap(c))
+            if cause is not None:
+                raise KafkaUnreachable(c.bootstrap_servers, c.redact(cause)) from None
             if left <= 1.0:
-                raise unreachable(c, exc) from None
+                raise KafkaUnreachable(c.bootstrap_servers,
+                                       c.redact(_no_answer(c, seen) or reason(exc))) from None
             time.sleep(0.1)  # a refused connection fails at once: do not spin
+
+
+def _refused(c: ClientSettings, seen: list[KafkaError]) -> str | None:
+    """The cause of the first error that will not go away by waiting: credentials refused, a
+    certificate that does not verify, a TLS alert from the broker."""
+    for err in seen:
+        text = err.str()
+        definite = (err.code() in _AUTH_ERRORS or err.code() == KafkaError._SSL
+                    or (err.code() == KafkaError._TRANSPORT and " alert " in text))
+        if definite:
+            return _cause(c, text) or text
+    return None
+
+
+def _cause(c: ClientSettings, text: str) -> str | None:
+    where = diagnose.broker_address(text)
+    probe = None
+    if where is not None and "certificate verify failed" in text.lower():
+        probe = tls_probe.probe(c, *where)
+    expired = tls_probe.expired_on(str(c.security.get("ssl.certificate.location") or ""))
+    return diagnose.from_error(c, text, probe, expired)
+
+
+def _no_answer(c: ClientSettings, seen: list[KafkaError]) -> str | None:
+    """After the timeout: what a transport error or a probe of the first address says."""
+    for err in seen:
+        cause = diagnose.from_error(c, err.str()) if err.code() == KafkaError._TRANSPORT else None
+        if cause is not None:
+            return cause
+    return diagnose.no_answer(c, _probe_bootstrap(c))
+
+
+def _probe_bootstrap(c: ClientSettings) -> diagnose.Probe | None:
+    host, _, port = c.bootstrap_servers.split(",")[0].strip().rpartition(":")
+    return tls_probe.probe(c, host.strip("[]"), int(port)) if port.isdigit() else None
 
 
 def list_topics(client: ClientSettings | str, timeout: float = CONNECT_TIMEOUT

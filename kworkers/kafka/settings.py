@@ -36,11 +36,19 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 SECURITY_PREFIXES = ("security.", "sasl.", "ssl.")
 MASK = "****"
 
-#: Keys kworkers sets per client role; a shared setting may not carry them.
+#: Keys kworkers sets per client role: no user setting (shared or per role) may carry them,
+#: because the guarantees rest on them (commit only after durable work, incremental
+#: rebalancing, explicit share acknowledgements, read_committed reads).
 OWNED_KEYS = frozenset({
     "bootstrap.servers", "group.id", "group.protocol", "enable.auto.commit",
     "enable.auto.offset.store", "transactional.id", "isolation.level",
+    "share.acknowledgement.mode",
 })
+
+
+def owned_in(props: Mapping[str, object]) -> list[str]:
+    """The keys of ``props`` that kworkers owns (``OWNED_KEYS``), sorted."""
+    return sorted(OWNED_KEYS & set(props))
 #: Parts of a property name that mark its value as a secret.
 _SECRET_MARKERS = ("password", "secret", "ssl.key.pem", "sasl.oauthbearer.config",
                    "sasl.jaas.config")
@@ -58,6 +66,11 @@ ENV_PROPERTIES: Mapping[str, str] = {
     "KWORKERS_SSL_KEY_LOCATION": "ssl.key.location",
     "KWORKERS_SSL_KEY_PASSWORD": "ssl.key.password",
     "KWORKERS_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM": "ssl.endpoint.identification.algorithm",
+    "KWORKERS_SASL_OAUTHBEARER_METHOD": "sasl.oauthbearer.method",
+    "KWORKERS_SASL_OAUTHBEARER_CLIENT_ID": "sasl.oauthbearer.client.id",
+    "KWORKERS_SASL_OAUTHBEARER_CLIENT_SECRET": "sasl.oauthbearer.client.secret",
+    "KWORKERS_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "sasl.oauthbearer.token.endpoint.url",
+    "KWORKERS_SASL_OAUTHBEARER_SCOPE": "sasl.oauthbearer.scope",
     "KWORKERS_KAFKA_LOG_LEVEL": "log_level",
 }
 
@@ -108,7 +121,7 @@ class ClientSettings:
             if wrong:
                 raise ConfigError(f"{what}: {wrong} belong in the "
                                   f"{'overrides' if ok else 'security'} part")
-            owned = sorted(OWNED_KEYS & set(props))
+            owned = owned_in(props)
             if owned:
                 raise ConfigError(f"{what}: {owned} are set by kworkers itself")
         object.__setattr__(self, "bootstrap_servers", self.bootstrap_servers.strip())
@@ -174,8 +187,25 @@ def _with_security_defaults(security: dict[str, Prop]) -> dict[str, Prop]:
 def _config(client: ClientSettings | str, defaults: Mapping[str, Any],
             role: Mapping[str, Any] | None, owned: Mapping[str, Any]) -> dict[str, Any]:
     c = as_client(client)
+    taken = owned_in(role or {})
+    if taken:
+        raise ConfigError(f"consumer_config/producer_config: {taken} are set by kworkers "
+                          "itself")
     return {**defaults, **c.overrides, **c.security, **(role or {}), **owned,
             "bootstrap.servers": c.bootstrap_servers}
+
+
+#: The classic protocol's session timeout for worker pools (librdkafka's default is 45 s): a
+#: member that dies without leaving (SIGKILL, OOM, a lost node) hands its partitions over
+#: after this. kworkers can afford it short: librdkafka heartbeats from its own thread and
+#: kworkers' poll loop never waits for a handler, so only a broker or network stall this long
+#: expels a live member (which then rejoins; its uncommitted records are redelivered, never
+#: lost). Under KIP-848 (group.protocol=consumer) the broker decides instead:
+#: group.consumer.session.timeout.ms (45 s by default, bounded below by
+#: group.consumer.min.session.timeout.ms, also 45 s).
+CLASSIC_SESSION_TIMEOUT_MS = 10_000
+#: a third of the session timeout: two heartbeats may be lost before the member is
+CLASSIC_HEARTBEAT_INTERVAL_MS = 3_000
 
 
 def consumer_settings(client: ClientSettings | str, group: str, protocol: str = "classic",
@@ -188,10 +218,15 @@ def consumer_settings(client: ClientSettings | str, group: str, protocol: str = 
         # librdkafka waits this long before fetching a partition again once its local queue was
         # full (default 1000 ms): with a backlog that is a one-second stall per full queue.
         "fetch.queue.backoff.ms": 10,
+        # the statistics say when the group coordinator last answered (self-fencing)
+        "statistics.interval.ms": 1000,
         "log_level": 4,
     }
     if protocol == "classic":
         defaults["partition.assignment.strategy"] = "cooperative-sticky"
+        # failover: a member that dies without leaving holds its partitions this long
+        defaults["session.timeout.ms"] = CLASSIC_SESSION_TIMEOUT_MS
+        defaults["heartbeat.interval.ms"] = CLASSIC_HEARTBEAT_INTERVAL_MS
     return _config(client, defaults, overrides, {
         "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
         "group.protocol": protocol,
@@ -213,10 +248,6 @@ def share_consumer_settings(client: ClientSettings | str, group: str,
     ``auto.offset.reset`` is not a share consumer property: share mode sets the group's
     ``share.auto.offset.reset`` from it instead (``kworkers.share``)."""
     role = dict(overrides or {})
-    if "share.acknowledgement.mode" in role:
-        raise ConfigError("consumer_config: share.acknowledgement.mode is set by kworkers itself "
-                          "in share mode (explicit: a record is accepted once its work is "
-                          "durable)")
     role.pop(OFFSET_RESET, None)
     return _config(client, {"log_level": 4, "max.poll.records": SHARE_MAX_POLL_RECORDS}, role, {
         "group.id": group, "share.acknowledgement.mode": "explicit"})
@@ -232,12 +263,16 @@ def producer_settings(client: ClientSettings | str,
 
 
 def transactional_producer_settings(client: ClientSettings | str, transactional_id: str,
-                                    transaction_timeout_ms: int = 30_000) -> dict[str, Any]:
-    """A producer whose writes commit or abort together (the redrive's replay and ledger)."""
+                                    transaction_timeout_ms: int = 30_000,
+                                    overrides: Mapping[str, Any] | None = None
+                                    ) -> dict[str, Any]:
+    """A producer whose writes commit or abort together (the redrive's replay and ledger, an
+    exactly-once loop's outputs and offsets). Its deliveries time out with its transaction."""
     return _config(client, {
         "enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 0,
         "transaction.timeout.ms": transaction_timeout_ms,
-    }, None, {"transactional.id": transactional_id})
+        "message.timeout.ms": transaction_timeout_ms,
+    }, overrides, {"transactional.id": transactional_id})
 
 
 def admin_settings(client: ClientSettings | str) -> dict[str, Any]:
@@ -277,8 +312,10 @@ def parse_properties(text: str, source: str) -> dict[str, str]:
     lines, ``#`` and ``!`` comments, a trailing ``\\`` continues a line.
 
     Java clients' ``sasl.jaas.config`` is translated for librdkafka when it is the PLAIN or
-    SCRAM login module with a username and password; a ``bootstrap.servers`` line is kept (the
-    caller lifts it out).
+    SCRAM login module with a username and password, or OAUTHBEARER's with a client id and
+    secret (OIDC, with Kafka's ``OAuthBearerLoginCallbackHandler``), and a PEM truststore
+    becomes ``ssl.ca.location``; a ``bootstrap.servers`` line is kept (the caller lifts it
+    out).
     """
     out: dict[str, str] = {}
     pending = ""
@@ -306,25 +343,59 @@ def parse_properties(text: str, source: str) -> dict[str, str]:
 
 _JAAS = re.compile(r"^\s*(?P<module>[\w.$]+)\s+required\b(?P<options>.*?);?\s*$", re.S)
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+#: the Java login callback handler of OAUTHBEARER through OIDC (librdkafka: method=oidc)
+_OIDC_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+#: OAuthBearerLoginModule's JAAS options -> librdkafka's properties
+_OIDC_OPTIONS = {"clientId": "sasl.oauthbearer.client.id",
+                 "clientSecret": "sasl.oauthbearer.client.secret",
+                 "scope": "sasl.oauthbearer.scope"}
 
 
 def _translate_jaas(props: dict[str, str], source: str) -> dict[str, str]:
+    """Java clients' settings librdkafka spells otherwise: the PLAIN, SCRAM and OAUTHBEARER
+    (OIDC) login modules, and a PEM truststore (``ssl.ca.location``)."""
+    _translate_truststore(props, source)
+    handler = props.pop("sasl.login.callback.handler.class", None)
+    if handler is not None and handler.strip() != _OIDC_HANDLER:
+        raise ConfigError(f"{source}: sasl.login.callback.handler.class names a Java class; "
+                          "only Kafka's OIDC handler (OAuthBearerLoginCallbackHandler) has a "
+                          "librdkafka equivalent")
     jaas = props.pop("sasl.jaas.config", None)
     if jaas is None:
         return props
     m = _JAAS.match(jaas)
     options = dict(_JAAS_OPTION.findall(m["options"])) if m else {}
     module = m["module"].rsplit(".", 1)[-1] if m else ""
+    if module == "OAuthBearerLoginModule" and "clientId" in options and (
+            "clientSecret" in options):
+        props.setdefault("sasl.oauthbearer.method", "oidc")
+        for option, prop in _OIDC_OPTIONS.items():
+            if option in options:
+                props.setdefault(prop, options[option])
+        return props
     if module not in ("PlainLoginModule", "ScramLoginModule") or not (
             "username" in options and "password" in options):
         raise ConfigError(f"{source}: sasl.jaas.config is for Java clients; only the PLAIN or "
-                          "SCRAM login module with username and password can be used here "
-                          "(or set sasl.username and sasl.password)")
+                          "SCRAM login module with username and password, or OAUTHBEARER's "
+                          "with clientId and clientSecret, can be used here (or set "
+                          "sasl.username and sasl.password)")
     props.setdefault("sasl.username", options["username"])
     props.setdefault("sasl.password", options["password"])
     if module == "PlainLoginModule" and "sasl.mechanisms" not in props:
         props.setdefault("sasl.mechanism", "PLAIN")
     return props
+
+
+def _translate_truststore(props: dict[str, str], source: str) -> None:
+    kind = props.pop("ssl.truststore.type", None)
+    location = props.pop("ssl.truststore.location", None)
+    if location is None:
+        return
+    if (kind or "JKS").strip().upper() != "PEM":
+        raise ConfigError(f"{source}: ssl.truststore.location is a {kind or 'JKS'} truststore, "
+                          "which only Java clients read; give the CA certificates as a PEM "
+                          "file in ssl.ca.location")
+    props.setdefault("ssl.ca.location", location)
 
 
 def properties_from_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -7,6 +7,10 @@ Pure logic only (no broker I/O): the consumer loop joins these decisions to a pr
 - ``routing``: ``route``, the one decision after a handler raises.
 - ``headers``: the kw-* failure headers (and Spring DLT aliases), written and validated.
 - ``delay``: ``DelayBuffer``, the bounded timer heap of a tier consumer.
+- ``tier_record``: what a record read from a tier must satisfy before it runs.
+- ``router``: ``FailureRouter``, a failed attempt to its destination and headers.
+
+Sending a hand-off and what its outcome means is the engine's (``kworkers.consumer.handoff``).
 """
 
 from kworkers.retry_tiers.delay import DelayBuffer

@@ -46,6 +46,17 @@ class DelayBuffer(Generic[T]):
     def full(self) -> bool:
         return len(self._heap) >= self._capacity
 
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        """A new hard bound (the owner's assignment changed); items above it stay."""
+        if value < 1:
+            raise ConfigError(f"a delay buffer needs a capacity >= 1, got {value}")
+        self._capacity = value
+
     def __len__(self) -> int:
         return len(self._heap)
 

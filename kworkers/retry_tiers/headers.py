@@ -30,6 +30,7 @@ ORIGINAL_TOPIC = "kw-original-topic"
 ORIGINAL_PARTITION = "kw-original-partition"
 ORIGINAL_OFFSET = "kw-original-offset"
 ORIGINAL_TIMESTAMP = "kw-original-timestamp"
+ORIGINAL_TOPIC_ID = "kw-original-topic-id"
 GROUP = "kw-group"
 FIRST_FAILURE_AT = "kw-first-failure-at"
 LAST_FAILURE_AT = "kw-last-failure-at"
@@ -53,7 +54,8 @@ SPRING_EXCEPTION_MESSAGE = "kafka_dlt-exception-message"
 #: hops through tiers carries one current set, not a growing pile. Other ``kw-`` headers (the
 #: activity ids ``kw-workflow-id`` / ``kw-activity-id``) belong to the record and travel with it.
 OWN_HEADERS = frozenset({
-    ATTEMPT, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP, GROUP,
+    ATTEMPT, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP,
+    ORIGINAL_TOPIC_ID, GROUP,
     FIRST_FAILURE_AT, LAST_FAILURE_AT, ERROR_TYPE, ERROR_MESSAGE, DUE_AT, DEAD_LETTERED_AT,
     DLQ_REASON, REDRIVE_OF,
 })
@@ -72,6 +74,8 @@ MAX_TIME_MS = 253_402_300_799_999
 
 _SHOWN_VALUE = 64
 _INT = re.compile(rb"-?[0-9]{1,19}")
+#: a Kafka topic id as its clients print it: 16 bytes in URL-safe base64, unpadded
+_TOPIC_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _T = TypeVar("_T")
 
@@ -107,6 +111,9 @@ class FailureInfo:
     error_type: str
     error_message: str
     due_at: float | None
+    #: the original topic's id when the record was first read (None: written before kworkers
+    #: recorded it)
+    original_topic_id: str | None = None
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -168,6 +175,12 @@ def _time(headers: Headers, name: str) -> float | None:
     return None if ms is None else ms / 1000
 
 
+def time_of(headers: Headers, name: str) -> float | None:
+    """The last value of time header ``name`` (epoch ms) in seconds; None when absent,
+    ``HeaderError`` when it is not a time kworkers could have written."""
+    return _time(headers, name)
+
+
 def _need(value: _T | None, name: str) -> _T:
     if value is None:
         raise HeaderError(name, "missing")
@@ -214,6 +227,15 @@ def check_due(due_at: float, now: float, max_ahead: float) -> float:
     return due_at
 
 
+def topic_id_of(headers: Headers) -> str | None:
+    """``kw-original-topic-id``: None when absent, ``HeaderError`` when not a topic id."""
+    text = text_of(headers, ORIGINAL_TOPIC_ID)
+    if text is not None and not _TOPIC_ID.fullmatch(text):
+        raise HeaderError(ORIGINAL_TOPIC_ID, "expected a Kafka topic id (22 characters of "
+                          "URL-safe base64)", text.encode())
+    return text
+
+
 def failure_of(headers: Headers) -> FailureInfo | None:
     """The failure a retry or DLQ record carries; None for a record that never failed."""
     topic = text_of(headers, ORIGINAL_TOPIC)
@@ -234,6 +256,7 @@ def failure_of(headers: Headers) -> FailureInfo | None:
         error_type=_need(text_of(headers, ERROR_TYPE), ERROR_TYPE),
         error_message=_need(text_of(headers, ERROR_MESSAGE), ERROR_MESSAGE),
         due_at=due_at_of(headers),
+        original_topic_id=topic_id_of(headers),
     )
 
 
@@ -258,27 +281,40 @@ def _ms_up(t: float) -> int:
     return math.ceil(t * 1000 - 1e-6)
 
 
+def ms_up(t: float) -> int:
+    """``t`` in epoch milliseconds, rounded up: a due time written this way is never early."""
+    return _ms_up(t)
+
+
 def user_headers(headers: Headers) -> Headers:
     """The headers that are not ours (including ``traceparent``), in their original order."""
     return tuple((k, v) for k, v in headers if not is_own(k))
 
 
 @dataclass(frozen=True)
-class _Origin:
+class Origin:
+    """The record a piece of work began as: where it was first read (the ``kw-original-*``
+    headers every hop carries), and so what its idempotency key is when it has no ids
+    (``kworkers.record_key``). ``topic_id`` tells a recreated topic's records from the old
+    ones at the same offsets; None where it is not known."""
+
     topic: str
     partition: int
     offset: int
     timestamp_ms: int | None
     first_failure_at: float | None
+    topic_id: str | None = None
 
 
-def _origin(msg: Message) -> _Origin:
-    """Where the failure began: the record itself, unless it was read from a retry tier whose
+def origin_of(msg: Message) -> Origin:
+    """Where the work began: the record itself, unless it was read from a retry tier whose
     headers name that tier's own source (then the first record's coordinates carry over).
 
     Headers never name an origin outside the topic the record was consumed from: a source
     record's kw-* headers are ignored (anyone who can write to a topic can write them), and a
-    tier record whose headers do not parse or name another topic describes itself.
+    tier record whose headers do not parse or name another topic describes itself. (A
+    redriven record's origin is the dead letter's, checked against the DLQ itself: see
+    ``kworkers.record_key``; this pure function knows only the record.)
     """
     info = None
     if is_tier_topic(msg.topic):
@@ -291,20 +327,22 @@ def _origin(msg: Message) -> _Origin:
         if info is not None and info.original_topic != source_topic_of(msg.topic):
             info = None
     if info is None:
-        return _Origin(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, None)
-    return _Origin(
+        return Origin(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, None)
+    return Origin(
         info.original_topic,
         info.original_partition,
         info.original_offset,
         info.original_timestamp_ms,
         info.first_failure_at,
+        info.original_topic_id,
     )
 
 
 def _failure(
-    msg: Message, group: str, attempt: int, error_type: str, error_message: str, now: float
-) -> tuple[_Origin, list[tuple[str, bytes]]]:
-    o = _origin(msg)
+    msg: Message, group: str, attempt: int, error_type: str, error_message: str, now: float,
+    origin: Origin | None,
+) -> tuple[Origin, list[tuple[str, bytes]]]:
+    o = origin_of(msg) if origin is None else origin
     out: list[tuple[str, bytes]] = [
         (ATTEMPT, str(attempt).encode()),
         (ORIGINAL_TOPIC, _enc(o.topic)),
@@ -313,6 +351,8 @@ def _failure(
     ]
     if o.timestamp_ms is not None:
         out.append((ORIGINAL_TIMESTAMP, str(o.timestamp_ms).encode()))
+    if o.topic_id is not None:
+        out.append((ORIGINAL_TOPIC_ID, o.topic_id.encode()))
     first = now if o.first_failure_at is None else o.first_failure_at
     out += [
         (GROUP, _enc(group)),
@@ -332,21 +372,25 @@ def _join(msg: Message, own: Iterable[tuple[str, bytes]]) -> Headers:
     return (*user_headers(msg.headers), *own)
 
 
-def retry_headers(msg: Message, group: str, decision: RetryDecision, now: float) -> Headers:
-    """Headers for ``msg`` handed to a retry tier: user headers, then the failure so far."""
+def retry_headers(msg: Message, group: str, decision: RetryDecision, now: float,
+                  origin: Origin | None = None) -> Headers:
+    """Headers for ``msg`` handed to a retry tier: user headers, then the failure so far.
+    ``origin``: where the work began, when the caller knows more than ``origin_of(msg)``
+    (the topic id, a redriven record's dead letter)."""
     _, own = _failure(
-        msg, group, decision.next_attempt, decision.error_type, decision.error_message, now
-    )
+        msg, group, decision.next_attempt, decision.error_type, decision.error_message, now,
+        origin)
     own.append((DUE_AT, str(_ms_up(decision.due_at)).encode()))
     return _join(msg, own)
 
 
 def dead_letter_headers(
-    msg: Message, group: str, decision: DeadLetterDecision, now: float
+    msg: Message, group: str, decision: DeadLetterDecision, now: float,
+    origin: Origin | None = None,
 ) -> Headers:
     """Headers for ``msg`` handed to the DLQ: the failure, then Spring's DLT aliases."""
     o, own = _failure(
-        msg, group, decision.attempts, decision.error_type, decision.error_message, now
+        msg, group, decision.attempts, decision.error_type, decision.error_message, now, origin
     )
     own += [
         (DEAD_LETTERED_AT, str(_ms(now)).encode()),

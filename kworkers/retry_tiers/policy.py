@@ -51,6 +51,9 @@ class RetryPolicy:
         retry in a hot loop, so zero means 1 s / x2 / 60 s / 5 attempts, never "no wait".
         A factor below 1 would shrink the wait with every failure; it counts as unset too.
         """
+        if (not _unset(self.initial) and not _unset(self.max_interval)
+                and not _unset(self.backoff) and self.backoff >= 1.0 and self.max_attempts > 0):
+            return self  # already normal: the failure path asks once per failed record
         backoff_ = self.backoff
         if _unset(backoff_) or backoff_ < 1.0:
             backoff_ = DEFAULT_BACKOFF

@@ -4,21 +4,20 @@ The topic follows from configuration only: the topic the record was read from, m
 the worker's tier ladder, picks the ladder and the DLQ (record headers are data from outside).
 
 Pure: the decision (``route``) and the failure record (headers) are computed here; sending is
-the caller's, through a ``Sender`` whose future resolves on the broker's acknowledgement. The
+the caller's, through a ``Sender`` that reports the broker's acknowledgement. The
 source offset is completed only after that acknowledgement.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from kworkers.clock import Clock
 from kworkers.errors import failure_message, failure_type
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers.headers import (
-    HeaderError,
+    Origin,
     dead_letter_headers,
     retry_headers,
     user_headers,
@@ -30,16 +29,12 @@ from kworkers.retry_tiers.routing import (
     RetryDecision,
     route,
 )
-from kworkers.retry_tiers.tier_record import TierRules, check_tier_record
+from kworkers.retry_tiers.tier_record import CorruptTierRecord
 from kworkers.retry_tiers.tiers import TierLadder
-from kworkers.topic_names import is_tier_topic, source_topic_of
+from kworkers.topic_names import source_topic_of
 
-
-class Sender(Protocol):
-    """Produces one record; the future resolves when the broker acknowledged it."""
-
-    def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]: ...
+if TYPE_CHECKING:
+    from kworkers.record_key import RecordKeys
 
 
 @dataclass(frozen=True)
@@ -58,20 +53,22 @@ class FailureRouter:
     configuration alone.
 
     A record's own kw-* headers never choose its destination: a source record's are ignored
-    (``headers._origin``), a tier record's are checked against ``rules``
-    (``tier_record.check_tier_record``) and, when corrupt or forged, the record goes to its own
-    source's DLQ with the reason instead of being retried.
+    (``headers.origin_of``); a tier record's were checked once, by the tier gate, when it was
+    read (``tier_record.check_tier_record``): one refused there arrives as a
+    ``CorruptTierRecord`` failure and goes to its own source's DLQ with the reason, its kw-*
+    headers dropped, instead of being retried.
     """
 
     def __init__(self, policy: RetryPolicy, ladder: TierLadder, group: str,
-                 jitter: JitterSource, clock: Clock) -> None:
+                 jitter: JitterSource, clock: Clock, keys: RecordKeys | None = None) -> None:
         self.policy = policy.normalized()
         self.ladder = ladder
         self.group = group
         self.jitter = jitter
         self.clock = clock
-        #: what this worker's tier records must satisfy (the tier gate checks the same)
-        self.rules = TierRules.of(self.policy, ladder, group)
+        #: where work began (``kworkers.record_key``): the origin the hand-off records, so the
+        #: key of a record without ids stays the same in the tiers and the DLQ
+        self.keys = keys
 
     def source_topic(self, msg: Message) -> str:
         """The source whose tiers and DLQ ``msg`` may go to: from the topic it was read from,
@@ -79,14 +76,10 @@ class FailureRouter:
         return self.ladder.source_of(msg.topic)
 
     def plan(self, msg: Message, exc: BaseException) -> HandOff:
+        if isinstance(exc, CorruptTierRecord):  # the gate's verdict: no faithful retry
+            return self.dead_letter(msg._replace(headers=user_headers(msg.headers)), exc)
         now = self.clock.now()
         source = self.source_topic(msg)
-        if is_tier_topic(msg.topic):
-            try:
-                check_tier_record(msg, self.rules, now)
-            except HeaderError as bad:
-                # Corrupt or forged kworkers headers: it cannot be retried faithfully.
-                return self.dead_letter(msg._replace(headers=user_headers(msg.headers)), bad)
         decision = route(self.policy, self.ladder, source, msg.attempt, exc, now, self.jitter)
         return self._hand_off(msg, decision, source, now)
 
@@ -103,12 +96,16 @@ class FailureRouter:
                                   failure_message(exc)[:MAX_ERROR_MESSAGE])
         return self._hand_off(msg, dead, source_topic_of(msg.topic), now)
 
+    def _origin(self, msg: Message) -> Origin | None:
+        return None if self.keys is None else self.keys.recorded(msg)
+
     def _hand_off(self, msg: Message, decision: RetryDecision | DeadLetterDecision,
                   source: str, now: float) -> HandOff:
+        origin = self._origin(msg)
         if isinstance(decision, RetryDecision):
             return HandOff("retry", decision.tier.topic, msg.key, msg.value,
-                           retry_headers(msg, self.group, decision, now), decision,
+                           retry_headers(msg, self.group, decision, now, origin), decision,
                            decision.tier.label)
         return HandOff("dlq", self.ladder.dlq_topic(source), msg.key, msg.value,
-                       dead_letter_headers(msg, self.group, decision, now), decision,
+                       dead_letter_headers(msg, self.group, decision, now, origin), decision,
                        decision.error_type)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kworkers.errors import failure_message, failure_type, is_non_retryable
+from kworkers.errors import ActivityFailure, causes, failure_type, is_non_retryable
 from kworkers.retry_tiers.policy import JitterSource, RetryPolicy, backoff
 from kworkers.retry_tiers.tiers import Tier, TierLadder
 
@@ -43,6 +43,32 @@ class DeadLetterDecision:
     error_message: str
 
 
+def is_retryable(policy: RetryPolicy, exc: BaseException) -> bool:
+    """Whether a failure may be retried under ``policy``: the one answer routing and the
+    circuit breaker share (bad input says nothing about a dependency, and must not burn the
+    remaining attempts either). The policy matches the failure's *type*, never its message."""
+    return not (is_non_retryable(exc)
+                or failure_type(exc) in policy.normalized().non_retryable)
+
+
+def _failure(exc: BaseException) -> tuple[str, str, bool]:
+    """(type, message cut to ``MAX_ERROR_MESSAGE``, marked non-retryable): what
+    ``failure_type``, ``failure_message`` and ``is_non_retryable`` say, in one walk of the
+    chain (a failure storm routes every record)."""
+    typed: ActivityFailure | None = None
+    marked = False
+    for cur in causes(exc):
+        if isinstance(cur, ActivityFailure):
+            if typed is None:
+                typed = cur
+            if cur.non_retryable:
+                marked = True
+                break
+    if typed is None:
+        return type(exc).__name__, str(exc)[:MAX_ERROR_MESSAGE], marked
+    return typed.type, typed.message[:MAX_ERROR_MESSAGE], marked
+
+
 def route(
     policy: RetryPolicy,
     ladder: TierLadder,
@@ -61,9 +87,8 @@ def route(
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
     p = policy.normalized()
-    error_type = failure_type(exc)
-    error_message = failure_message(exc)[:MAX_ERROR_MESSAGE]
-    if is_non_retryable(exc) or error_type in p.non_retryable:
+    error_type, error_message, marked = _failure(exc)
+    if marked or error_type in p.non_retryable:
         return DeadLetterDecision(attempt, "non_retryable", error_type, error_message)
     if attempt >= p.max_attempts:
         return DeadLetterDecision(attempt, "exhausted", error_type, error_message)

@@ -19,12 +19,17 @@ one pure function the tier gate and the router share:
 
 Anything else raises ``HeaderError`` naming the header and the reason; the record goes to its
 own source's DLQ (derived from the topic it was read from) with that reason.
+
+The check runs once, in the tier gate, when the record is read. Its verdict travels with the
+record: an admitted one carries the attempt it parsed, a refused one becomes a
+``CorruptTierRecord`` failure, which the router dead-letters as it is, without checking again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kworkers.errors import DecodeError, failure_message, failure_type
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import (
     DUE_AT,
@@ -52,6 +57,16 @@ DUE_SLACK_S = 60.0
 MAX_AGE_S = 365 * 86_400.0
 
 
+class CorruptTierRecord(DecodeError):
+    """The tier gate's verdict on a record whose kworkers headers are corrupt or forged (or
+    whose check failed in a way nobody foresaw): it goes to its own source's DLQ with the
+    reason, its kw-* headers dropped. Only the gate makes one."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(failure_message(cause), type=failure_type(cause))
+        self.__cause__ = cause
+
+
 @dataclass(frozen=True)
 class TierRules:
     """The worker's configuration, as far as its tier records are concerned."""
@@ -63,6 +78,10 @@ class TierRules:
     max_ahead: float
     max_skew: float = MAX_CLOCK_SKEW_S
     max_age: float = MAX_AGE_S
+
+    def check(self, msg: Message, now: float) -> FailureInfo | None:
+        """The tier gate's check (``RecordCheck``): ``check_tier_record`` under these rules."""
+        return check_tier_record(msg, self, now)
 
     @classmethod
     def of(cls, policy: RetryPolicy, ladder: TierLadder, group: str) -> TierRules:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kworkers.errors import ConfigError
 from kworkers.topic_names import (
@@ -20,11 +22,14 @@ from kworkers.topic_names import (
     check_source_topic,
     dlq_topic,
     is_derived,
+    source_topic_of,
     tier_label,
     tier_topic,
     whole_ms,
 )
-from kworkers.topic_names import source_topic_of as source_topic_of
+
+#: answers a ladder remembers (per topic) before it starts over
+MEMO_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -61,12 +66,31 @@ class TierLadder:
             raise ConfigError(f"retry tier delays must strictly increase, got {delays!r}")
         # A list would make the frozen value unhashable; normalise rather than refuse.
         object.__setattr__(self, "delays", delays)
+        # What the failure path asks once per failed record (a topic's tiers, the source of a
+        # consumed topic, its DLQ), worked out once per topic: names are checked and built
+        # with regular expressions and string formatting. Not a field: equality, hashing and
+        # the repr stay the delays'.
+        object.__setattr__(self, "_memo", {})
 
     def tiers(self, topic: str) -> tuple[Tier, ...]:
         """The tiers of source topic ``topic`` (the original topic, not a tier topic)."""
+        tiers: tuple[Tier, ...] = self._remember("tiers", topic, self._tiers)
+        return tiers
+
+    def _tiers(self, topic: str) -> tuple[Tier, ...]:
         check_source_topic(topic, longest_suffix=self._longest_suffix())
         return tuple(Tier(label=(lb := tier_label(d)), delay=d, topic=tier_topic(topic, lb))
                      for d in self.delays)
+
+    def _remember(self, what: str, topic: str, work: Callable[[str], Any]) -> Any:
+        memo: dict[tuple[str, str], Any] = self._memo  # type: ignore[attr-defined]
+        got = memo.get((what, topic))
+        if got is None:
+            got = work(topic)  # raises for a topic that has no answer: nothing remembered
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            memo[(what, topic)] = got
+        return got
 
     def tier_for(self, topic: str, delay: float) -> Tier:
         """The tier with the largest delay not above ``delay``; the smallest below them all.
@@ -85,6 +109,10 @@ class TierLadder:
         What decides where a failed record goes: the topic it was read from, read through the
         worker's own configuration, never a header a producer wrote.
         """
+        source: str = self._remember("source", consumed, self._source_of)
+        return source
+
+    def _source_of(self, consumed: str) -> str:
         if not is_derived(consumed):
             check_source_topic(consumed, longest_suffix=self._longest_suffix())
             return consumed
@@ -99,6 +127,11 @@ class TierLadder:
         return tuple(tier_label(d) for d in self.delays)
 
     def dlq_topic(self, topic: str) -> str:
+        dlq: str = self._remember("dlq", topic, self._dlq_topic)
+        return dlq
+
+    @staticmethod
+    def _dlq_topic(topic: str) -> str:
         check_source_topic(topic, longest_suffix=len(DLQ_SUFFIX))
         return dlq_topic(topic)
 

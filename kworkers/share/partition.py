@@ -1,10 +1,10 @@
 """A share partition as one member sees it: its lanes and the delivery count of each record.
 
-Reuses the consumer core's ``PartitionState`` on purpose: runners, the hand-off step and the
-completion queue all speak in ``(PartitionState, offsets)``, which is exactly the
-``(topic, partition, offset)`` a share acknowledgement needs. The offset tracker goes unused
-(a share group has no position to commit), and there are no revokes: records are lent one by
-one, and a lane is made per fed chunk, so many lanes of one partition run at once.
+Builds on the consumer core's ``Partition`` on purpose: runners, the hand-off step and the
+completion queue all speak in ``(Partition, offsets)``, which is exactly the
+``(topic, partition, offset)`` a share acknowledgement needs. It takes nothing of a consumer
+group's ``PartitionState`` (no offsets to track or commit, no pause, no revokes): records are
+lent one by one, and a lane is made per fed chunk, so many lanes of one partition run at once.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import itertools
 
 from kworkers.clock import Clock
-from kworkers.consumer.partition import Lane, PartitionState
+from kworkers.consumer.partition import Lane, Partition
 from kworkers.consumer.runner import current_lane
 from kworkers.message import Message
 
 
-class SharePartition(PartitionState):
+class SharePartition(Partition):
     __slots__ = ("_ids", "deliveries")
 
     def __init__(self, topic: str, partition: int, clock: Clock) -> None:

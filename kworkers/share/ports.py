@@ -1,6 +1,6 @@
 """What a share-group loop needs from the cluster, and the vocabulary it speaks.
 
-One small protocol, so the Kafka adapter (``kworkers.share.consumer``) and a test double are
+One small protocol, so the Kafka adapter (``kworkers.kafka.share_consumer``) and a test double are
 interchangeable behind ``Worker(consumer=...)``. It is wider than ``ConsumerPort`` on purpose:
 a share group's settings (acquisition lock, delivery limit, where a new group starts) live on
 the broker as *group configs*, and the loop cannot work safely without reading them.

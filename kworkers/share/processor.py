@@ -35,12 +35,14 @@ from collections import deque
 from collections.abc import Iterable
 
 from kworkers.clock import Clock
-from kworkers.config import MIN_STALL_BOUND_S, WorkerConfig
 from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.partition import Item, Lane, Poisoned
 from kworkers.consumer.ports import TP
 from kworkers.consumer.runner import Runner
-from kworkers.metrics import Metrics
+from kworkers.consumer.settings import POLL_TIMEOUT_S, LoopSettings
+from kworkers.consumer.stall import Hold, PartitionView
+from kworkers.consumer.stall_watch import StallWatch
+from kworkers.metrics import Metrics, observe_many
 from kworkers.share.backlog import BacklogReporter
 from kworkers.share.gate import LockGate
 from kworkers.share.partition import SharePartition
@@ -50,20 +52,22 @@ from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.share")
 
-POLL_TIMEOUT = 0.1
 #: while records are held, how long the loop waits for a completion before its other duties
 WAIT_S = 0.02
 #: acknowledgements pending while records are still held are sent at least this often
 ACK_FLUSH_S = 0.2
 #: refused acknowledgements are summarised in the log at most this often
 ACK_LOG_S = 10.0
+#: how often the poll thread publishes its partitions' state for the stall watch
+VIEWS_INTERVAL_S = 0.5
 
 
 class ShareProcessor:
-    def __init__(self, config: WorkerConfig, consumer: SharePort, topics: Iterable[str],
+    def __init__(self, settings: LoopSettings, consumer: SharePort, topics: Iterable[str],
                  runner: Runner, gate: LockGate, rules: ShareRules, metrics: Metrics,
                  clock: Clock, supervisor: Supervisor) -> None:
-        self.config = config
+        #: the loop's settings, with the handler deadline the share group's lock allows
+        self.settings = settings
         self.consumer = consumer
         self.topics = list(topics)
         self.runner = runner
@@ -85,7 +89,7 @@ class ShareProcessor:
         self.mean_s: float | None = None
         self.watch = (DeadlineWatch(rules.deadline_s, clock, runner.start)
                       if runner.watched else None)
-        self.stall_bound = max(3 * rules.deadline_s, MIN_STALL_BOUND_S)
+        self.stall_bound = settings.hung_call_bound()
         self.backlog_reporter = BacklogReporter(consumer, self.positions,
                                                 metrics.share_backlog, group)
         self._m_ok = metrics.records.labels(group, "ok")
@@ -107,6 +111,13 @@ class ShareProcessor:
         self._stop = threading.Event()
         self.ready = threading.Event()
         self.closed = threading.Event()
+        #: a partition holding acquired records with none running, and no progress for the
+        #: bound, is stalled (no lag query: the held records are the work waiting)
+        self.stall_views: tuple[PartitionView, ...] = ()
+        self._last_views = float("-inf")
+        self.stall_watch = StallWatch(
+            group, settings.partition_stall_bound(), lambda: self.stall_views, None, clock,
+            supervisor, lambda tp: metrics.partition_stalled.labels(group, tp[0], str(tp[1])))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,6 +128,8 @@ class ShareProcessor:
     def run(self) -> None:
         self.consumer.subscribe(self.topics)
         self.backlog_reporter.start()
+        self.stall_watch.start()
+        self.supervisor.watch(f"kworkers-stall-{self.group}", self.stall_watch.alive)
         try:
             while not self._stop.is_set():
                 self._step()
@@ -129,11 +142,12 @@ class ShareProcessor:
                 log.exception("share consumer close failed")
             for ps in self.parts.values():
                 ps.halt()
+            self.stall_watch.close()
             self.closed.set()
 
     def _step(self) -> None:
         if not self.held:
-            got = self.consumer.poll(POLL_TIMEOUT)  # carries the pending acknowledgements
+            got = self.consumer.poll(POLL_TIMEOUT_S)  # carries the pending acknowledgements
             self._pending_acks = 0
             self._last_flush = self.clock.monotonic()
             self.ready.set()
@@ -150,6 +164,29 @@ class ShareProcessor:
         self._supervise()
         self._flush()
         self._report()
+        now = self.clock.monotonic()
+        if now - self._last_views >= VIEWS_INTERVAL_S:
+            self._last_views = now
+            self._publish_views()
+
+    def _publish_views(self) -> None:
+        """What the stall watch judges (``kworkers.consumer.stall``): per partition, the
+        records held and whether a handler call runs for it."""
+        held: dict[TP, int] = {}
+        for topic, partition, _off in list(self.held):
+            tp = (topic, partition)
+            held[tp] = held.get(tp, 0) + 1
+        calling = self.runner.runtime.calling()
+        breaker = self.runner.breaker
+        hold = (Hold.DRAINING if self._draining else
+                Hold.BREAKER if breaker is not None and not breaker.would_admit() else None)
+        pacer = self.runner.pacer
+        paced = pacer.waiting() if pacer is not None else frozenset()
+        self.stall_views = tuple(
+            PartitionView(tp, ps.progress_at, tp in calling or ps.handoffs > 0,
+                          hold if hold is not None or tp not in paced else Hold.RATE_LIMIT,
+                          held.get(tp, 0), None)
+            for tp, ps in list(self.parts.items()))
 
     def _drain(self) -> None:
         """SIGTERM: release every record not started at once (another member takes it now),
@@ -164,7 +201,7 @@ class ShareProcessor:
         self.consumer.flush()
         self._pending_acks = 0
         clock = self.clock
-        deadline = clock.monotonic() + min(self.config.drain_timeout, self.rules.deadline_s)
+        deadline = clock.monotonic() + self.settings.started_work_bound()
         while any(ps.running() for ps in self.parts.values()) and clock.monotonic() < deadline:
             self.runner.hand_offs.tick()
             self._apply_completions(block=WAIT_S)
@@ -175,7 +212,7 @@ class ShareProcessor:
             self._release(key)
         if left:
             log.info("%s: released %d records not finished at stop", self.group, len(left))
-        self.consumer.flush(wait=self.config.revoke_timeout)
+        self.consumer.flush(wait=self.settings.revoke_timeout)
         self._report()
 
     # ------------------------------------------------------------------ acquisition
@@ -192,6 +229,8 @@ class ShareProcessor:
                 ps = parts[tp] = SharePartition(msg.topic, msg.partition, self.clock)
             if msg.offset >= positions.get(tp, 0):
                 positions[tp] = msg.offset + 1
+            if not ps.deliveries:  # work for a partition that held none: its stall clock
+                ps.progress_at = now
             if deliveries > 1:
                 again += 1
             ps.deliveries[msg.offset] = deliveries
@@ -226,7 +265,7 @@ class ShareProcessor:
         breaker = self.runner.breaker
         if breaker is not None and not breaker.would_admit():
             return
-        free = self.config.concurrency - len(self.active)
+        free = self.settings.concurrency - len(self.active)
         depth = self.rules.chunk(self.mean_s, len(backlog), free)
         while free > 0 and backlog:
             ps, first = backlog.popleft()
@@ -234,9 +273,10 @@ class ShareProcessor:
             while len(items) < depth and backlog and backlog[0][0] is ps:
                 items.append(backlog.popleft()[1])
             lane = ps.new_lane()
-            lane.running = True
+            start = lane.offer(items)
+            assert start is not None  # a new lane has no runner yet
             self.active.append(lane)
-            self.runner.start(lane, items, lane.incarnation)
+            self.runner.start(lane, *start)
             free -= 1
 
     def _prune(self) -> None:
@@ -245,11 +285,10 @@ class ShareProcessor:
         still: list[Lane] = []
         idle: set[SharePartition] = set()
         for lane in self.active:
-            with lane.lock:
-                if lane.running:
-                    still.append(lane)
-                    continue
-                rest, lane.queue = lane.queue, []
+            rest = lane.reclaim()
+            if rest is None:
+                still.append(lane)
+                continue
             part = lane.part
             assert isinstance(part, SharePartition)
             idle.add(part)
@@ -271,14 +310,16 @@ class ShareProcessor:
                 continue
             at = self.held.get((cur.topic, cur.partition, cur.offset))
             if at is not None and now >= self.rules.latest_finish(at):
-                lane.started = float("-inf")
+                lane.expire()
 
     # ------------------------------------------------------------------ acknowledgements
 
     def _apply_completions(self, block: float = 0.0) -> None:
         held, late = self.held, self.gate.late
-        for ps, offsets, retried, dead, elapsed in self.runner.completions(block):
+        now = self.clock.monotonic()
+        for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block):
             assert isinstance(ps, SharePartition)
+            ps.progress_at = now
             topic, partition = ps.tp
             released = fenced = 0
             for off in offsets:
@@ -298,8 +339,9 @@ class ShareProcessor:
             ok = len(offsets) - retried - dead - released - fenced
             if ok > 0:
                 self._m_ok.inc(ok)
-                per = elapsed / ok
-                self._m_duration.observe(per)
+            if calls:
+                per = elapsed / calls
+                observe_many(self._m_duration, per, calls)
                 self.mean_s = per if self.mean_s is None else 0.8 * self.mean_s + 0.2 * per
             if retried:
                 self._m_retried.inc(retried)
@@ -349,9 +391,10 @@ class ShareProcessor:
     def _supervise(self) -> None:
         sup = self.supervisor
         sup.check()
-        stuck = self.runner.runtime.stalled(self.stall_bound)
+        bound = self.stall_bound
+        stuck = None if bound is None else self.runner.runtime.stalled(bound)
         if stuck is not None:
-            sup.fail("handler", f"{stuck} (bound {self.stall_bound:.0f}s)")
+            sup.fail("handler", f"{stuck} (bound {bound:.0f}s)")
 
 
 def _key_of(ps: SharePartition, item: Item) -> RecordKey:

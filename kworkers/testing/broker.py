@@ -18,6 +18,16 @@ way to make a commit or a produce time out for certain.
 ``listeners={"NETNS": "10.213.0.1:39092"}`` adds a plaintext listener on another address,
 advertised as itself (the network-partition test reaches the broker from a network namespace
 through it; the address must exist on the host before the broker starts).
+
+``security=Security(...)`` adds the listeners production clusters are reached through, each on
+a port of its own (``Broker.secure[NAME]``): ``SCRAM`` (SASL_SSL, SCRAM-SHA-512, the users
+created at format time as KRaft allows), ``MTLS`` (SSL, client certificates required, the
+principal being the certificate's CN), ``OAUTH`` (SASL_SSL, OAUTHBEARER validated against a
+JWKS: ``kworkers.testing.oidc``), and ``WRONGHOST`` (SSL with a certificate for another host
+name: what a client that verifies host names must refuse), with the ACL authorizer on. The
+certificates are made at test time (``kworkers.testing.tls``). Such a broker always runs the
+repository's ``kafka-run`` (bind-mounted into a container), which formats the storage with the
+SCRAM credentials; the official image's entry point cannot.
 """
 
 from __future__ import annotations
@@ -25,14 +35,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from kworkers.testing.server_process import ServerProcess
+from kworkers.testing.tls import Pki
 
 KAFKA_VERSION = "4.3.1"
 DEFAULT_KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
@@ -69,6 +81,76 @@ def listener_env(env: Mapping[str, str], listeners: Mapping[str, str]) -> dict[s
         out["KAFKA_LISTENERS"] += f",{name}://{address}"
         out["KAFKA_ADVERTISED_LISTENERS"] += f",{name}://{address}"
         out["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"] += f",{name}:PLAINTEXT"
+    return out
+
+
+#: the secure listeners a ``Security`` adds, and the security protocol of each
+SECURE_LISTENERS = {"SCRAM": "SASL_SSL", "MTLS": "SSL", "OAUTH": "SASL_SSL", "WRONGHOST": "SSL"}
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+#: the repository's broker entry point (what a secure broker runs, in a container or not)
+KAFKA_RUN = Path(__file__).resolve().parents[2] / "deploy" / "images" / "kafka" / "kafka-run"
+
+
+@dataclass(frozen=True)
+class Security:
+    """What the secure listeners are made of (see the module docstring).
+
+    ``super_users``: principals the authorizer lets do anything (``User:ANONYMOUS``, the
+    plaintext listener, always is: tests set up and read back through it); every other
+    principal may do only what an ACL grants. ``jwks_url`` and ``jvm_options`` (the
+    ``allowed.urls`` system property) come from ``kworkers.testing.oidc.Idp``."""
+
+    pki: Pki
+    scram_users: Mapping[str, str]
+    jwks_url: str
+    jvm_options: str
+    audience: str
+    issuer: str
+    super_users: tuple[str, ...] = ()
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+def secure_env(env: Mapping[str, str], ports: Mapping[str, int], sec: Security) -> dict[str, str]:
+    """``env`` with the listeners of ``SECURE_LISTENERS`` on ``ports`` and the authorizer."""
+    out = dict(env)
+    for name, protocol in SECURE_LISTENERS.items():
+        address = f"127.0.0.1:{ports[name]}"
+        out["KAFKA_LISTENERS"] += f",{name}://{address}"
+        out["KAFKA_ADVERTISED_LISTENERS"] += f",{name}://{address}"
+        out["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"] += f",{name}:{protocol}"
+    supers = ";".join(dict.fromkeys(("User:ANONYMOUS", *sec.super_users)))
+    scram = SCRAM_MECHANISM.replace("-", "___")
+    out.update({
+        "KAFKA_AUTHORIZER_CLASS_NAME":
+            "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "KAFKA_SUPER_USERS": supers,
+        # TLS: one PEM keystore and truststore for every TLS listener, but WRONGHOST's own
+        "KAFKA_SSL_KEYSTORE_TYPE": "PEM",
+        "KAFKA_SSL_KEYSTORE_LOCATION": str(sec.pki.server),
+        "KAFKA_SSL_TRUSTSTORE_TYPE": "PEM",
+        "KAFKA_SSL_TRUSTSTORE_LOCATION": str(sec.pki.ca),
+        "KAFKA_LISTENER_NAME_WRONGHOST_SSL_KEYSTORE_LOCATION": str(sec.pki.wrong_host),
+        "KAFKA_LISTENER_NAME_MTLS_SSL_CLIENT_AUTH": "required",
+        # a client certificate's principal is its CN: User:alice, not User:CN=alice
+        "KAFKA_SSL_PRINCIPAL_MAPPING_RULES": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
+        # SCRAM: users made at format time (kafka-run), checked on this listener only
+        "KWORKERS_KAFKA_SCRAM": "\n".join(
+            f"{SCRAM_MECHANISM}=[name={u},password={p}]" for u, p in sec.scram_users.items()),
+        "KAFKA_LISTENER_NAME_SCRAM_SASL_ENABLED_MECHANISMS": SCRAM_MECHANISM,
+        f"KAFKA_LISTENER_NAME_SCRAM_{scram}_SASL_JAAS_CONFIG":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        # OAUTHBEARER through OIDC: signed JWTs checked against the test's JWKS
+        "KAFKA_LISTENER_NAME_OAUTH_SASL_ENABLED_MECHANISMS": "OAUTHBEARER",
+        "KAFKA_LISTENER_NAME_OAUTH_OAUTHBEARER_SASL_JAAS_CONFIG":
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+        "KAFKA_LISTENER_NAME_OAUTH_OAUTHBEARER_SASL_SERVER_CALLBACK_HANDLER_CLASS":
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+        "KAFKA_SASL_OAUTHBEARER_JWKS_ENDPOINT_URL": sec.jwks_url,
+        "KAFKA_SASL_OAUTHBEARER_EXPECTED_AUDIENCE": sec.audience,
+        "KAFKA_SASL_OAUTHBEARER_EXPECTED_ISSUER": sec.issuer,
+        "KAFKA_OPTS": f"{env.get('KAFKA_OPTS', '')} {sec.jvm_options}".strip(),
+        **sec.extra,
+    })
     return out
 
 
@@ -140,6 +222,8 @@ class Broker(Protocol):
 
     bootstrap_servers: str
     supports_faults: bool
+    #: the secure listeners' addresses by name (``Security``); empty without them
+    secure: dict[str, str]
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -158,6 +242,7 @@ class ExternalBroker:
 
     def __init__(self, bootstrap_servers: str) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.secure: dict[str, str] = {}
 
     def start(self) -> None:
         wait_ready(self.bootstrap_servers)
@@ -186,19 +271,19 @@ class ContainerBroker:
 
     def __init__(self, image: str = DEFAULT_KAFKA_IMAGE, extra_env: dict[str, str] | None = None,
                  sasl_users: dict[str, str] | None = None,
-                 listeners: Mapping[str, str] | None = None):
+                 listeners: Mapping[str, str] | None = None,
+                 security: Security | None = None):
         os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         self.image = image
         self.port = free_port()
         self.controller_port = free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
-        self.env = {**_server_env(self.port, self.controller_port), **(extra_env or {})}
-        self.sasl_bootstrap: str | None = None
-        if sasl_users:
-            sasl_port = free_port()
-            self.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
-            self.env.update(sasl_env(self.port, self.controller_port, sasl_port, sasl_users))
-        self.env = listener_env(self.env, listeners or {})
+        self.security = security
+        self.env, self.sasl_bootstrap, self.secure = _listeners(
+            {**_server_env(self.port, self.controller_port), **(extra_env or {})},
+            self.port, self.controller_port, sasl_users, listeners, security)
+        if security is not None:
+            self.env["KWORKERS_KAFKA_HOME"] = "/opt/kafka"  # the jars, in either image
         self._tc: Any = None
 
     def _container(self) -> Any:
@@ -208,9 +293,15 @@ class ContainerBroker:
         if self._tc is None:
             from testcontainers.core.container import DockerContainer
 
-            tc = DockerContainer(self.image, network_mode="host")
+            secure: dict[str, Any] = {} if self.security is None else {
+                "entrypoint": ["/kworkers/kafka-run"]}
+            tc = DockerContainer(self.image, network_mode="host", **secure)
             for k, v in self.env.items():
                 tc.with_env(k, v)
+            if self.security is not None:
+                pki = str(self.security.pki.dir)
+                tc.with_volume_mapping(pki, pki, "ro")
+                tc.with_volume_mapping(str(KAFKA_RUN), "/kworkers/kafka-run", "ro")
             self._tc = tc.start()
         else:
             self._container().start()
@@ -271,13 +362,15 @@ class ProcessBroker:
 
     def __init__(self, kafka_home: Path | None = None, extra_env: dict[str, str] | None = None,
                  sasl_users: dict[str, str] | None = None,
-                 listeners: Mapping[str, str] | None = None):
+                 listeners: Mapping[str, str] | None = None,
+                 security: Security | None = None):
         self.home = kafka_home or default_kafka_home()
         runner = self.home / "bin" / "kafka-run"
         if not runner.exists():
             raise FileNotFoundError(
                 f"{runner} is missing: run deploy/images/kafka/build --jars-only first"
             )
+        self.runner = KAFKA_RUN if security is not None else runner
         self.port = free_port()
         self.controller_port = free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
@@ -291,52 +384,24 @@ class ProcessBroker:
             "KAFKA_LOG_DIRS": str(self.workdir / "data"),
             **(extra_env or {}),
         }
-        self.sasl_bootstrap: str | None = None
-        if sasl_users:
-            sasl_port = free_port()
-            self.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
-            self.env.update(sasl_env(self.port, self.controller_port, sasl_port, sasl_users))
-        self.env = listener_env(self.env, listeners or {})
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.env, self.sasl_bootstrap, self.secure = _listeners(
+            self.env, self.port, self.controller_port, sasl_users, listeners, security)
+        self.server = ServerProcess(self.runner, self.env, self.workdir / "broker.log", "broker")
 
     def start(self) -> None:
-        log = open(self.workdir / "broker.log", "ab")  # noqa: SIM115 - owned by the process
-        self._proc = subprocess.Popen(
-            [str(self.home / "bin" / "kafka-run")],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        proc = self._proc
-        wait_ready(self.bootstrap_servers, alive=lambda: proc.poll() is None)
-
-    def _signal(self, sig: int, wait: float) -> None:
-        if self._proc is None or self._proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, sig)
-            os.killpg(self._proc.pid, signal.SIGCONT)  # a paused broker must run to stop
-        try:
-            self._proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait(timeout=30)
+        self.server.start(lambda alive: wait_ready(self.bootstrap_servers, alive=alive))
 
     def stop(self) -> None:
-        self._signal(signal.SIGTERM, 60)
+        self.server.stop()
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL, 30)
+        self.server.kill()
 
     def pause(self) -> None:
-        assert self._proc is not None and self._proc.poll() is None, "the broker is not running"
-        os.killpg(self._proc.pid, signal.SIGSTOP)
+        self.server.pause()
 
     def resume(self) -> None:
-        assert self._proc is not None and self._proc.poll() is None, "the broker is not running"
-        os.killpg(self._proc.pid, signal.SIGCONT)
+        self.server.resume()
 
     def restart(self, hard: bool = False) -> None:
         self.kill() if hard else self.stop()
@@ -347,24 +412,44 @@ class ProcessBroker:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def logs(self) -> str:
-        path = self.workdir / "broker.log"
-        return path.read_text("utf-8", "replace") if path.exists() else ""
+        return self.server.logs()
 
 
 def broker_from_env(extra_env: dict[str, str] | None = None,
                     sasl_users: dict[str, str] | None = None, *, own: bool = False,
-                    listeners: Mapping[str, str] | None = None) -> Broker:
+                    listeners: Mapping[str, str] | None = None,
+                    security: Security | None = None) -> Broker:
     """The broker this environment asks for (not started yet).
 
     ``own``: a broker of the caller's own even when ``KWORKERS_BOOTSTRAP`` names an external
-    one (a test that kills or pauses the broker must never do that to somebody else's)."""
+    one (a test that kills or pauses the broker must never do that to somebody else's); a
+    broker with ``security`` is always the caller's own."""
     bootstrap = os.environ.get("KWORKERS_BOOTSTRAP")
-    if bootstrap and not own:
+    if bootstrap and not own and security is None:
         return ExternalBroker(bootstrap)
     if os.environ.get("KWORKERS_BROKER", "container") == "process":
-        return ProcessBroker(extra_env=extra_env, sasl_users=sasl_users, listeners=listeners)
+        return ProcessBroker(extra_env=extra_env, sasl_users=sasl_users, listeners=listeners,
+                             security=security)
     return ContainerBroker(os.environ.get("KWORKERS_KAFKA_IMAGE") or default_image(), extra_env,
-                           sasl_users, listeners)
+                           sasl_users, listeners, security)
+
+
+def _listeners(env: dict[str, str], port: int, controller_port: int,
+               sasl_users: Mapping[str, str] | None, listeners: Mapping[str, str] | None,
+               security: Security | None) -> tuple[dict[str, str], str | None, dict[str, str]]:
+    """``env`` with every listener asked for; the SASL/PLAIN address and the secure ones."""
+    sasl_bootstrap: str | None = None
+    if sasl_users:
+        sasl_port = free_port()
+        sasl_bootstrap = f"127.0.0.1:{sasl_port}"
+        env = {**env, **sasl_env(port, controller_port, sasl_port, dict(sasl_users))}
+    env = listener_env(env, listeners or {})
+    secure: dict[str, str] = {}
+    if security is not None:
+        ports = {name: free_port() for name in SECURE_LISTENERS}
+        env = secure_env(env, ports, security)
+        secure = {name: f"127.0.0.1:{p}" for name, p in ports.items()}
+    return env, sasl_bootstrap, secure
 
 
 LOCAL_KAFKA_IMAGE = f"kworkers/kafka:{KAFKA_VERSION}-local"

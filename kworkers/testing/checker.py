@@ -8,30 +8,46 @@ Jepsen's and Kafka's OffsetValidationTest's questions, answered from three indep
   consumer: they are gaps, not losses, so the checker only ever asks about offsets that exist;
 - the **ledger** (``kworkers.testing.ledger``): one row per application of an effect, one row
   per delivery (pid and time included), append-only;
-- the group's **committed positions**, sampled by the test (``committed``), and **faults**: each
-  kill, pause or partition the test caused, with the committed positions at that moment.
+- the group's **committed positions**, read back by the test throughout the run
+  (``CommitSampler``, ``kworkers.testing.commits``: each ``CommitSample`` timed), and
+  **faults**: each kill, pause or partition the test caused, with the committed positions at
+  that moment (read back right after it: those are timed samples too).
 
 The API (stable; other suites reuse it)::
 
-    from kworkers.testing.checker import Fault, FaultLog, check, committed, read_log
+    from kworkers.testing.checker import (CommitSampler, Fault, FaultLog, check, committed,
+                                          read_log)
 
-    faults = FaultLog(lambda: committed(bs, group, topic))
-    ...; victim.kill(); faults.record("SIGKILL w1", victim_pid=pid)   # right after the kill
-    report = check(ledger, log=read_log(bs, topic), commits=[committed(bs, group, topic)],
+    with CommitSampler(bs, group, topic) as commits:                  # reads every 0.25 s
+        faults = FaultLog(commits.latest)    # or FaultLog(lambda: committed(bs, group, topic))
+        ...; victim.kill(); faults.record("SIGKILL w1", victim_pid=pid)  # right after the kill
+    report = check(ledger, log=read_log(bs, topic), commits=commits.samples,
                    faults=faults.faults)
     assert report.ok, report.summary()
 
+``commits`` may still be plain ``{partition: position}`` mappings (the API before timed
+samples): those are judged in the order given, for backwards commits and skips, never for
+reruns (a mapping does not say when it was read).
+
 ``check`` reports, and ``ok`` fails on, each of:
 
+- ``empty``: nothing to judge: the log (or ``expected``) holds no record, or no delivery of the
+  log's topic was recorded (``allow_empty=True`` for a run that is empty on purpose);
 - ``missing``: a key (every key in the log, or ``expected``) whose effect was never applied;
 - ``duplicates``: ``{key: n}`` for every key applied ``n > 1`` times;
 - ``unexpected``: effects whose key is not expected; ``not_in_log``: expected keys never produced;
-- ``skipped``: ``(partition, offset)`` of a record in the log below the final committed position
-  that no handler was ever called for (a poll skip: committed past unhandled work);
-- ``non_monotonic``: a commit sample that went backwards;
+- ``skipped``: ``(partition, offset)`` of a record in the log below the highest committed
+  position read back that no handler was ever called for (a poll skip: committed past
+  unhandled work);
+- ``non_monotonic``: ``(partition, before, after)``: a commit sample lower than one read back
+  before it (``after`` negative: the committed position disappeared);
+- ``rerun_committed``: ``(partition, offset)`` of a delivery made after a reading showed the
+  partition committed past the offset: committed work run again (or run only after it was
+  committed past), whatever faults happened (the idempotent receiver may absorb its effect, the
+  checker still sees it);
 - ``unexplained``: a redelivery of a source record that no fault accounts for: none had
   happened yet, or one that happened between its two deliveries had the record committed
-  already (its floor for that partition was past the offset): committed work done again;
+  already (its floor for that partition was past the offset);
 - ``not_redelivered``: a record a killed process had been given, at or beyond the commit floor
   at the moment of the kill, that no other process was given afterwards (a kill mid-flight must
   cause a redelivery: otherwise that work went nowhere).
@@ -45,6 +61,7 @@ Keys: by default a record's key is its activity's idempotency key (``kw-workflow
 
 from __future__ import annotations
 
+import bisect
 import time
 import uuid
 from collections import defaultdict
@@ -55,9 +72,12 @@ from typing import Any, NamedTuple
 
 from kworkers.envelope.envelope import ids_from_headers
 from kworkers.message import Headers
+from kworkers.testing.commits import CommitSample, CommitSampler, committed, sample_commits
 from kworkers.testing.ledger import Delivery, Ledger
 
 __all__ = [
+    "CommitSample",
+    "CommitSampler",
     "Fault",
     "FaultLog",
     "Log",
@@ -67,6 +87,7 @@ __all__ = [
     "committed",
     "read_log",
     "record_key",
+    "sample_commits",
 ]
 
 
@@ -76,6 +97,8 @@ class LogRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Headers
+    #: the broker record's timestamp (the producer's CreateTime, epoch ms); None if it has none
+    timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +136,46 @@ def _consumer(bootstrap: str, extra: Mapping[str, Any] | None = None, **conf: An
     return Consumer({"bootstrap.servers": bootstrap, "log_level": 3, **conf, **(extra or {})})
 
 
+def _settling_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                      KafkaError._TIMED_OUT, KafkaError.LEADER_NOT_AVAILABLE,
+                      KafkaError.NOT_LEADER_FOR_PARTITION})
+
+
+def _bounds(c: Any, topic: str, deadline: float
+            ) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """Each partition's (low, high) watermarks, asked again while the cluster is still settling.
+
+    Right after a broker restart or pause a fresh client may know the topic but not yet its
+    partitions' leaders (``_UNKNOWN_PARTITION``, timeouts): a reason to ask again, not a verdict.
+    A topic that does not exist is refused at once; anything else still failing at the
+    deadline is raised as it came.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    while True:
+        try:
+            meta = c.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or (meta.error is not None and (
+                    meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)):
+                raise ValueError(f"topic {topic} cannot be read: {getattr(meta, 'error', None)}")
+            if meta.error is not None:
+                raise KafkaException(meta.error)  # e.g. no leader yet: asked again
+            parts = sorted(meta.partitions)
+            bounds = {}
+            for p in parts:
+                low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10,
+                                                    cached=False)
+                bounds[p] = (int(low), int(high))
+            return parts, bounds
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def read_log(bootstrap: str, topic: str, *, timeout: float = 60.0,
              config: Mapping[str, Any] | None = None) -> Log:
     """Everything committed in ``topic``, each partition read from its log start to its end.
@@ -127,16 +190,12 @@ def read_log(bootstrap: str, topic: str, *, timeout: float = 60.0,
         "isolation.level": "read_committed", "enable.partition.eof": True,
         "auto.offset.reset": "earliest"})
     try:
-        meta = c.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise ValueError(f"topic {topic} cannot be read: {getattr(meta, 'error', None)}")
-        parts = sorted(meta.partitions)
-        bounds = {p: tuple(int(x) for x in c.get_watermark_offsets(
-            TopicPartition(topic, p), timeout=10, cached=False)) for p in parts}
+        deadline = time.monotonic() + timeout
+        settling = _settling_codes()
+        parts, bounds = _bounds(c, topic, deadline)
         records: dict[int, list[LogRecord]] = {p: [] for p in parts}
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         left = {p for p in parts if bounds[p][1] > bounds[p][0]}
-        deadline = time.monotonic() + timeout
         while left:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic}: partitions {sorted(left)} not read to their end "
@@ -144,6 +203,8 @@ def read_log(bootstrap: str, topic: str, *, timeout: float = 60.0,
             for m in c.consume(1000, 0.5):
                 err = m.error()
                 if err is not None:
+                    if err.code() in settling:
+                        continue  # the client reconnects by itself; the deadline still holds
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise KafkaException(err)
                     if m.offset() >= bounds[m.partition()][1]:
@@ -154,41 +215,14 @@ def read_log(bootstrap: str, topic: str, *, timeout: float = 60.0,
                 hs: Headers = tuple(
                     (str(k), v if isinstance(v, bytes) else b"") for k, v in
                     (h.items() if isinstance(h, dict) else h))
-                records[p].append(LogRecord(p, m.offset(), m.key(), m.value(), hs))
+                kind, ts = m.timestamp()
+                records[p].append(LogRecord(p, m.offset(), m.key(), m.value(), hs,
+                                            ts if kind and ts >= 0 else None))
             for p in list(left):
                 pos = c.position([TopicPartition(topic, p)])[0].offset
                 if pos >= bounds[p][1]:
                     left.discard(p)
         return Log(topic, records, {p: (b[0], b[1]) for p, b in bounds.items()})
-    finally:
-        c.close()
-
-
-def committed(bootstrap: str, group: str, topic: str,
-              config: Mapping[str, Any] | None = None, timeout: float = 60.0) -> dict[int, int]:
-    """The group's committed position for every partition of ``topic`` (negative: none).
-
-    Asks again (for up to ``timeout`` seconds) while the coordinator is moving or loading, as it
-    does for a while after a broker restart."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
-    transient = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                 KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT,
-                 KafkaError._TRANSPORT, KafkaError._WAIT_COORD}
-    c = _consumer(bootstrap, config, **{"group.id": group, "enable.auto.commit": False})
-    deadline = time.monotonic() + timeout
-    try:
-        meta = c.list_topics(topic, timeout=10).topics[topic]
-        tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-        while True:
-            try:
-                return {tp.partition: int(tp.offset) for tp in c.committed(tps, timeout=10)}
-            except KafkaException as exc:
-                err = exc.args[0]
-                if time.monotonic() > deadline or not (
-                        err.retriable() or err.code() in transient):
-                    raise
-                time.sleep(0.5)
     finally:
         c.close()
 
@@ -241,10 +275,16 @@ class Report:
     not_in_log: list[str] = field(default_factory=list)
     skipped: list[tuple[int, int]] = field(default_factory=list)
     non_monotonic: list[tuple[int, int, int]] = field(default_factory=list)
+    rerun_committed: list[tuple[int, int]] = field(default_factory=list)
     unexplained: list[tuple[int, int]] = field(default_factory=list)
     not_redelivered: list[tuple[int, int, str]] = field(default_factory=list)
+    #: why the run proves nothing ("" when there was something to judge)
+    empty: str = ""
     redeliveries: int = 0
     faults: int = 0
+    #: commit samples judged (timed ones: those that can show a rerun)
+    samples: int = 0
+    timed_samples: int = 0
 
     @property
     def dup(self) -> int:
@@ -256,9 +296,8 @@ class Report:
         return not self.failures()
 
     def failures(self) -> list[str]:
-        out = []
-        for name in ("missing", "duplicates", "unexpected", "not_in_log", "skipped",
-                     "non_monotonic", "unexplained", "not_redelivered"):
+        out = [f"empty: {self.empty}"] if self.empty else []
+        for name in FINDINGS:
             found = getattr(self, name)
             if found:
                 sample = list(found.items() if isinstance(found, dict) else found)[:5]
@@ -268,9 +307,17 @@ class Report:
     def summary(self) -> str:
         figures = (f"expected={self.expected} applications={self.applications} "
                    f"missing={len(self.missing)} dup={self.dup} "
-                   f"redeliveries={self.redeliveries} faults={self.faults}")
+                   f"redeliveries={self.redeliveries} faults={self.faults} "
+                   f"commit_samples={self.samples}")
         bad = self.failures()
         return figures + ("; FAILED: " + "; ".join(bad) if bad else "; ok")
+
+
+#: the findings ``ok`` fails on (besides ``empty``), in the order ``failures`` lists them
+FINDINGS = ("missing", "duplicates", "unexpected", "not_in_log", "skipped", "non_monotonic",
+            "rerun_committed", "unexplained", "not_redelivered")
+
+Commits = Sequence["Mapping[int, int] | CommitSample"]
 
 
 def check(
@@ -278,16 +325,20 @@ def check(
     *,
     log: Log | None = None,
     expected: Iterable[str] | None = None,
-    commits: Sequence[Mapping[int, int]] = (),
+    commits: Commits = (),
     faults: Sequence[Fault] = (),
     key_of: Callable[[LogRecord], str] = _key_of_record,
+    allow_empty: bool = False,
 ) -> Report:
     """Judges a run; see the module docstring for what each finding means.
 
     ``log``: the source topic as ``read_log`` returned it (needed for ``skipped``, ``not_in_log``
     and the redelivery checks; without it only the effect counts are judged). ``expected``:
     the keys that must be applied once each (default: every key in the log). ``commits``: the
-    group's committed positions on the source topic in the order sampled, the final one last.
+    group's committed positions on the source topic: ``CommitSample`` readings (a
+    ``CommitSampler``'s ``samples``), or plain mappings in the order sampled, the final one
+    last. The faults' floors are readings too. ``allow_empty``: an empty run is not a failure
+    (the checker's own tests build them on purpose).
     """
     if log is None and expected is None:
         raise ValueError("check needs the log or the expected keys (or both)")
@@ -301,19 +352,27 @@ def check(
     report.unexpected = sorted(set(applied) - want)
     if log is not None:
         report.not_in_log = sorted(want - log_keys)
-    report.non_monotonic = _non_monotonic(commits)
+    timeline, readings = _timeline(commits, faults)
+    report.samples, report.timed_samples = len(timeline), len(readings)
+    report.non_monotonic = _non_monotonic(timeline)
+    deliveries = [d for d in ledger.deliveries() if log is None or d.topic == log.topic]
+    if not allow_empty:
+        if not want:
+            report.empty = "no record to judge (the log is empty, or nothing was expected)"
+        elif not deliveries:
+            report.empty = ("no delivery was recorded" +
+                            (f" for {log.topic}" if log is not None else ""))
     if log is None:
         return report
     by_offset: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
-    for d in ledger.deliveries():
-        if d.topic == log.topic:
-            by_offset[(d.partition, d.offset)].append(d)
-    if commits:
-        final = commits[-1]
-        for part, records in sorted(log.records.items()):
-            pos = final.get(part, -1)
-            report.skipped += [(part, r.offset) for r in records
-                               if r.offset < pos and (part, r.offset) not in by_offset]
+    for d in deliveries:
+        by_offset[(d.partition, d.offset)].append(d)
+    highest = _highest(timeline)
+    for part, records in sorted(log.records.items()):
+        pos = highest.get(part, -1)
+        report.skipped += [(part, r.offset) for r in records
+                           if r.offset < pos and (part, r.offset) not in by_offset]
+    report.rerun_committed = _reruns(deliveries, readings)
     for (part, off), ds in sorted(by_offset.items()):
         report.redeliveries += len(ds) - 1
         for prev, nxt in pairwise(ds):
@@ -332,6 +391,53 @@ def check(
     return report
 
 
+def _timeline(commits: Commits, faults: Sequence[Fault]) -> tuple[
+        list[CommitSample | Mapping[int, int]], list[CommitSample]]:
+    """(every sample in the order to judge backwards commits by, the timed readings).
+
+    All timed (the faults' floors included): ordered by when each reading returned. Any plain
+    mapping among them: the order given (the API before timed samples), faults left out."""
+    readings = [c for c in commits if isinstance(c, CommitSample)]
+    readings += [CommitSample(f.floors_known_at, f.floors, f.at) for f in faults if f.floors]
+    readings.sort(key=lambda s: s.at)
+    if all(isinstance(c, CommitSample) for c in commits):
+        return list(readings), readings
+    return list(commits), readings
+
+
+def _positions(sample: CommitSample | Mapping[int, int]) -> Mapping[int, int]:
+    return sample.positions if isinstance(sample, CommitSample) else sample
+
+
+def _highest(timeline: Sequence[CommitSample | Mapping[int, int]]) -> dict[int, int]:
+    """The highest position read back per partition: everything below it was committed."""
+    out: dict[int, int] = {}
+    for sample in timeline:
+        for part, pos in _positions(sample).items():
+            out[part] = max(pos, out.get(part, pos))
+    return out
+
+
+def _reruns(deliveries: Sequence[Delivery],
+            readings: Sequence[CommitSample]) -> list[tuple[int, int]]:
+    """Deliveries of an offset below a position read back before the delivery was made."""
+    floor: dict[int, tuple[list[float], list[int]]] = {}  # part -> (times, running max)
+    for s in readings:  # sorted by ``at``
+        for part, pos in s.positions.items():
+            times, highs = floor.setdefault(part, ([], []))
+            times.append(s.at)
+            highs.append(max(pos, highs[-1]) if highs else pos)
+    found: set[tuple[int, int]] = set()
+    for d in deliveries:
+        got = floor.get(d.partition)
+        if got is None:
+            continue
+        i = bisect.bisect_left(got[0], d.at)  # readings that returned before the delivery
+        if i and got[1][i - 1] > d.offset:
+            found.add((d.partition, d.offset))
+    return sorted(found)
+
+
 def _explained(part: int, off: int, first: float, again: float,
                faults: Sequence[Fault]) -> bool:
     """A redelivery at ``again`` of a record first delivered at ``first`` is explained when a
@@ -341,7 +447,9 @@ def _explained(part: int, off: int, first: float, again: float,
     restarted worker rejoins seconds later and its join revokes partitions from the others;
     after a broker restart members are expelled once the coordinator has loaded), so the first
     delivery may come after the fault that causes the second. The floors still bind: a record
-    committed at any fault between its deliveries must never be delivered again."""
+    committed at any fault between its deliveries must never be delivered again. That leaves a
+    redelivery after a fault with none in between unjudged here (``all`` of nothing is true):
+    ``rerun_committed`` judges it against every reading of the committed positions."""
     if not any(f.at <= again for f in faults):
         return False
     return all(_at_or_beyond(off, f.floors.get(part)) for f in faults
@@ -353,14 +461,36 @@ def _at_or_beyond(offset: int, floor: int | None) -> bool:
     return floor is None or floor < 0 or offset >= floor
 
 
-def _non_monotonic(commits: Sequence[Mapping[int, int]]) -> list[tuple[int, int, int]]:
+def _non_monotonic(timeline: Sequence[CommitSample | Mapping[int, int]]
+                   ) -> list[tuple[int, int, int]]:
+    """Readings lower than one certainly read before them; a position that disappeared (a
+    negative reading after a committed one) is a commit lost, the worst way to go backwards.
+
+    Timed readings that overlap (a sampler thread and a fault's floors read at once) may
+    answer in either order, so a timed reading is compared only with those that returned
+    before it was asked for (``timeline`` is sorted by return time: a prefix of it)."""
     out = []
-    last: dict[int, int] = {}
-    for sample in commits:
-        for part, pos in sample.items():
-            if pos < 0:
-                continue
-            if part in last and pos < last[part]:
-                out.append((part, last[part], pos))
-            last[part] = max(pos, last.get(part, pos))
-    return out
+    if not all(isinstance(s, CommitSample) for s in timeline):  # plain mappings: given order
+        last: dict[int, int] = {}
+        for sample in timeline:
+            for part, pos in _positions(sample).items():
+                if part in last and pos < last[part]:
+                    out.append((part, last[part], pos))
+                if pos >= 0:
+                    last[part] = max(pos, last.get(part, pos))
+        return list(dict.fromkeys(out))
+    readings = [s for s in timeline if isinstance(s, CommitSample)]
+    highs: dict[int, tuple[list[float], list[int]]] = {}  # part -> (times, running max)
+    for s in readings:
+        for part, pos in s.positions.items():
+            times, top = highs.setdefault(part, ([], []))
+            times.append(s.at)
+            top.append(max(pos, top[-1]) if top else pos)
+    for s in readings:
+        asked = s.started if s.started is not None else s.at
+        for part, pos in s.positions.items():
+            times, top = highs[part]
+            i = bisect.bisect_right(times, asked)
+            if i and top[i - 1] >= 0 and pos < top[i - 1]:
+                out.append((part, top[i - 1], pos))
+    return list(dict.fromkeys(out))  # a dip read back many times is one finding

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 
 from confluent_kafka import KafkaError, KafkaException
 
+from kworkers.consumer.ports import Delivered, Sender
 from kworkers.message import Headers
-from kworkers.retry_tiers.router import Sender
 
 
 class FaultySender:
@@ -30,21 +29,20 @@ class FaultySender:
         self._lock = threading.Lock()
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]:
+             headers: Headers, done: Delivered) -> None:
         if not self.failing(topic):
             with self._lock:
                 self.sent += 1
-            return self.inner.send(topic, key, value, headers)
+            self.inner.send(topic, key, value, headers, done)
+            return
         with self._lock:
             self.failed += 1
-        fut: Future[None] = Future()
         if self.mode == "timeout":
             err = KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "injected timeout"))
-            threading.Timer(self.delay, lambda: fut.set_exception(err)).start()
+            threading.Timer(self.delay, lambda: done(err)).start()
         else:
-            fut.set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                        "injected: topic unavailable")))
-        return fut
+            done(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                           "injected: topic unavailable")))
 
     def close(self, timeout: float = 30.0) -> None:
         close = getattr(self.inner, "close", None)

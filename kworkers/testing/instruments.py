@@ -8,22 +8,27 @@
   built on it fails every run, not most runs.
 - ``StoreProbe`` wraps a store: a hook after ``complete`` (for the "after-complete" kill
   step), and, for the duplicates canary, a claim that never says DONE or BUSY.
+- ``RecordingConsumer`` wraps a consumer (``Worker(consumer=...)``) and appends every
+  partition of every rebalance callback to the ledger before the worker's callback runs:
+  which partitions a member was given, revoked or lost is known only inside the process, so a
+  test reads it from the ledger instead of from the worker's own history.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kworkers.consumer.ports import TP, ConsumerPort, RebalanceCallback
 from kworkers.idempotency.store import Claim, ClaimState, IdempotencyStore
 from kworkers.message import Message
 from kworkers.testing.checker import record_key
 from kworkers.testing.ledger import Ledger
 
-__all__ = ["KillPoint", "RecordingInvoker", "StoreProbe", "message_key"]
+__all__ = ["KillPoint", "RecordingConsumer", "RecordingInvoker", "StoreProbe", "message_key"]
 
 #: The steps a kill point can name, in the order a record meets them.
 STEPS = ("before-effect", "after-heartbeat", "after-effect", "after-complete", "after-commit")
@@ -132,3 +137,29 @@ class StoreProbe:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class RecordingConsumer:
+    """A ``ConsumerPort`` that records each rebalance callback's partitions (``member`` names
+    this consumer in the ledger), then calls the worker's; everything else goes to ``inner``."""
+
+    def __init__(self, inner: ConsumerPort, ledger: Ledger, member: str) -> None:
+        self.inner = inner
+        self.ledger = ledger
+        self.member = member
+        self.group = inner.group
+
+    def subscribe(self, topics: Iterable[str], on_assign: RebalanceCallback,
+                  on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None:
+        def recorded(kind: str, callback: RebalanceCallback) -> RebalanceCallback:
+            def call(tps: list[TP]) -> None:
+                for topic, partition in tps:
+                    self.ledger.rebalanced(kind, topic, partition, member=self.member)
+                callback(tps)
+            return call
+
+        self.inner.subscribe(topics, recorded("assign", on_assign),
+                             recorded("revoke", on_revoke), recorded("lost", on_lost))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -28,7 +28,12 @@ The API (stable: the failure-storm, fast-leave and durable-workflow suites build
     ledger.deliveries()     # [Delivery(key, topic, partition, offset, attempt, pid, at)]
     ledger.counts()         # (delivery rows, effect rows)
 
-Tables: ``<table>_effects`` and ``<table>_deliveries`` (default ``kworkers_ledger_*``), created
+    # a rebalance callback, as a test instrument saw it (instruments.RecordingConsumer)
+    ledger.rebalanced("revoke", topic, partition, member="a")
+    ledger.rebalances()     # [Rebalance(kind, topic, partition, member, pid, at)]
+
+Tables: ``<table>_effects``, ``<table>_deliveries`` and ``<table>_rebalances`` (default
+``kworkers_ledger_*``), created
 on first use in whichever database the ledger writes to. Each row carries the writer's pid and
 ``time.time()``: the checker uses them to tell which process a kill interrupted and which
 deliveries came after it. ``apply_in`` only writes on the connection it is given (the
@@ -53,7 +58,7 @@ from typing import Any, NamedTuple
 from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
 from kworkers.message import Message
 
-__all__ = ["Delivery", "Effect", "Ledger"]
+__all__ = ["Delivery", "Effect", "Ledger", "Rebalance"]
 
 DEFAULT_TABLE = "kworkers_ledger"
 
@@ -79,6 +84,18 @@ class Delivery(NamedTuple):
     partition: int
     offset: int
     attempt: int
+    pid: int
+    at: float
+
+
+class Rebalance(NamedTuple):
+    """One partition in one rebalance callback (``assign``, ``revoke`` or ``lost``) of one
+    member (a name the test gives each consumer)."""
+
+    kind: str
+    topic: str
+    partition: int
+    member: str
     pid: int
     at: float
 
@@ -165,6 +182,7 @@ class Ledger:
                dialect: _Dialect, table: str) -> None:
         self.table = check_identifier(table)
         check_identifier(f"{table}_deliveries")
+        check_identifier(f"{table}_rebalances")
         self._atomic = atomic
         self._d = dialect
         real = dialect.real
@@ -177,6 +195,9 @@ class Ledger:
                 f"CREATE TABLE IF NOT EXISTS {{t}}_deliveries (key TEXT NOT NULL, "
                 f"topic TEXT NOT NULL, part INTEGER NOT NULL, off BIGINT NOT NULL, "
                 f"attempt INTEGER NOT NULL, pid INTEGER NOT NULL, at {real} NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {{t}}_rebalances (kind TEXT NOT NULL, "
+                f"topic TEXT NOT NULL, part INTEGER NOT NULL, member TEXT NOT NULL, "
+                f"pid INTEGER NOT NULL, at {real} NOT NULL)",
             ):
                 conn.execute(dialect.sql(stmt, self.table), ())
 
@@ -206,6 +227,14 @@ class Ledger:
             conn.execute(
                 self._d.sql("INSERT INTO {t}_deliveries VALUES (?,?,?,?,?,?,?)", self.table),
                 (key, msg.topic, msg.partition, msg.offset, msg.attempt, _pid(pid), _at(at)))
+
+    def rebalanced(self, kind: str, topic: str, partition: int, *, member: str = "",
+                   pid: int | None = None, at: float | None = None) -> None:
+        """Append one partition of one rebalance callback (``assign``/``revoke``/``lost``)."""
+        with self._atomic() as conn:
+            conn.execute(
+                self._d.sql("INSERT INTO {t}_rebalances VALUES (?,?,?,?,?,?)", self.table),
+                (kind, topic, partition, member, _pid(pid), _at(at)))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -237,6 +266,11 @@ class Ledger:
                     "SELECT key, topic, part, off, attempt, pid, at FROM {t}_deliveries "
                     "ORDER BY at")]
 
+    def rebalances(self) -> list[Rebalance]:
+        return [Rebalance(str(k), str(t), int(p), str(m), int(pid), float(at))
+                for k, t, p, m, pid, at in self._rows(
+                    "SELECT kind, topic, part, member, pid, at FROM {t}_rebalances ORDER BY at")]
+
     def counts(self) -> tuple[int, int]:
         """(delivery rows, effect rows)."""
         d = self._rows("SELECT COUNT(*) FROM {t}_deliveries")[0][0]
@@ -246,7 +280,7 @@ class Ledger:
     def drop(self) -> None:
         """Remove both tables (a shared PostgreSQL database after a test)."""
         with self._atomic() as conn:
-            for suffix in ("effects", "deliveries"):
+            for suffix in ("effects", "deliveries", "rebalances"):
                 conn.execute(self._d.sql(f"DROP TABLE IF EXISTS {{t}}_{suffix}", self.table), ())
 
 

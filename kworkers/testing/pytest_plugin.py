@@ -3,9 +3,12 @@
 Load with ``pytest_plugins = ["kworkers.testing.pytest_plugin"]``.
 
 No silent skips under CI: when ``KWORKERS_CI`` is set (or ``CI``, as CI services set it; a
-``KWORKERS_CI=0`` turns this off), a test that skips is reported as a failure, with its reason.
-A missing PostgreSQL/Redis URL or a broker that cannot be killed is a broken CI set-up, and a
-green run must not hide it. Expected failures (``xfail``) are not skips and stay as they are.
+``KWORKERS_CI=0`` turns this off), a test that skips is reported as a failure, with its reason,
+and so is a module that skips at collection (``pytest.importorskip`` at module level, a
+``skip(allow_module_level=True)``), which would otherwise hide a whole suite before any test
+runs. A missing PostgreSQL/Redis URL, browser or library, or a broker that cannot be killed is
+a broken CI set-up, and a green run must not hide it. Expected failures (``xfail``) are not
+skips and stay as they are.
 
 Full-size only: a test marked ``full_only`` is deselected (reported as such, never skipped)
 unless ``KWORKERS_FULL=1``. It is for scenarios too long for CI's budget at any size, run by
@@ -22,6 +25,8 @@ import pytest
 
 from kworkers.testing.broker import Broker, broker_from_env
 from kworkers.testing.workload import full_runs
+
+pytest_plugins = ["kworkers.testing.registry_fixtures"]  # schema_registry, fault_registry
 
 
 def in_ci() -> bool:
@@ -69,6 +74,17 @@ def fault_broker() -> Iterator[Broker]:
         yield broker
     finally:
         broker.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.nodeid}: skipped at collection under CI, which must "
+                           f"run every test: {reason}")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -8,7 +8,8 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from kworkers.admin import TopicSpec, admin_client, create_topics
+from kworkers.kafka.admin import admin_client, create_topics
+from kworkers.topic_plan import TopicSpec
 
 
 def full_runs() -> bool:

@@ -15,7 +15,7 @@ See ``docs/WORKFLOWS.md`` for the guarantees and what this does not do compared 
 from kworkers.workflow.context import StepContext
 from kworkers.workflow.definition import Definition, Step, Workflow
 from kworkers.workflow.engine import Engine, Started
-from kworkers.workflow.errors import ResultError, UnknownRun, VersionMismatch
+from kworkers.workflow.errors import ResultError, SignalTimeout, UnknownRun, VersionMismatch
 from kworkers.workflow.state import RunState, Status
 from kworkers.workflow.tables import RunRow, RunTables, StepRow
 
@@ -26,6 +26,7 @@ __all__ = [
     "RunRow",
     "RunState",
     "RunTables",
+    "SignalTimeout",
     "Started",
     "Status",
     "Step",

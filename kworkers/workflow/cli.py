@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import click
@@ -97,11 +98,25 @@ def _pending(run: RunRow) -> str:
     return s.activity
 
 
+def _waits(run: RunRow) -> str | None:
+    """What the pending activity waits for, and until when (None: nothing)."""
+    s = run.state
+    if s.activity is None or s.status == "failed":
+        return None
+    if s.signal is not None:
+        until = "" if s.wake_at is None else f", times out at {_when(s.wake_at)}"
+        return f"signal {s.signal!r}{until}"
+    if s.wake_at is not None:
+        return f"timer until {_when(s.wake_at)}"
+    return None
+
+
 def _run_json(run: RunRow, steps: list[StepRow] | None = None) -> dict[str, Any]:
     s = run.state
     out: dict[str, Any] = {
         "workflow_id": run.workflow_id, "workflow": run.workflow, "version": run.version,
         "status": s.status, "pending": s.activity, "error": s.error, "cause": s.cause,
+        "wait": None if _waits(run) is None else {"signal": s.signal, "until": s.wake_at},
         "traceparent": run.traceparent, "created_at": run.created_at,
         "updated_at": run.updated_at,
     }
@@ -134,7 +149,7 @@ def _source_options(f: Any) -> Any:
 
 @click.group("workflow")
 def workflow_cli() -> None:
-    """Durable workflows: start a run, show one, list them."""
+    """Durable workflows: start a run, signal one, show one, list them."""
 
 
 @workflow_cli.command("start")
@@ -155,6 +170,23 @@ def start_cmd(app: str, workflow: str, workflow_id: str, input_json: str) -> Non
                f"{started.status}")
 
 
+@workflow_cli.command("signal")
+@click.argument("app", metavar="MODULE:ENGINE")
+@click.argument("workflow_id")
+@click.argument("name")
+@click.option("--payload", "payload_json", default="null", show_default=True, metavar="JSON",
+              help="The signal's payload, as JSON (the waiting step reads it as ctx.signal).")
+def signal_cmd(app: str, workflow_id: str, name: str, payload_json: str) -> None:
+    """Send signal NAME to run WORKFLOW_ID; kept until a step waiting for NAME takes it."""
+    try:
+        value = json.loads(payload_json)
+    except ValueError as exc:
+        raise ConfigError(f"--payload is not JSON: {exc}") from None
+    woke = load_engine(app).signal(workflow_id, name, value)
+    click.echo(f"sent: {name} to {workflow_id} "
+               f"({'woke its waiting step' if woke else 'kept until a step waits for it'})")
+
+
 @workflow_cli.command("show")
 @click.argument("workflow_id")
 @_source_options
@@ -166,8 +198,11 @@ def show_cmd(workflow_id: str, app: str | None, store_url: str | None, prefix: s
     if run is None:
         raise ConfigError(f"no workflow run {workflow_id!r} in {tables.runs}")
     steps = tables.history(workflow_id)
+    signals = tables.signals(workflow_id)
     if as_json:
-        click.echo(json.dumps(_run_json(run, steps), indent=2))
+        out = _run_json(run, steps)
+        out["signals"] = [{"name": n, "sent_at": t, "taken_by": c} for n, t, c in signals]
+        click.echo(json.dumps(out, indent=2))
         return
     con = _console()
     s = run.state
@@ -175,6 +210,12 @@ def show_cmd(workflow_id: str, app: str | None, store_url: str | None, prefix: s
               f"[/]  pending {_pending(run)}")
     con.print(f"started {_when(run.created_at)}  updated {_when(run.updated_at)}  "
               f"trace {run.traceparent or '-'}")
+    waits = _waits(run)
+    if waits:
+        late = s.wake_at is not None and s.wake_at < time.time() and s.signal is None
+        con.print(f"waits for {waits}{' (due: its record is on its way)' if late else ''}")
+    for n, t, c in signals:
+        con.print(f"signal {n!r} sent {_when(t)}: {'taken by ' + c if c else 'not taken yet'}")
     if s.cause:
         con.print(f"unwinding because: {s.cause}")
     if s.error:

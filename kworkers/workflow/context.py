@@ -17,12 +17,16 @@ service, so it can recognise the repeat.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 from kworkers.idempotency.store import SqlConnection
 from kworkers.workflow.codec import decode_json
-from kworkers.workflow.definition import Kind
+from kworkers.workflow.definition import FINISH
+from kworkers.workflow.kind import Kind
 
 __all__ = ["Results", "StepContext"]
 
@@ -59,12 +63,14 @@ class Results(Mapping[str, Any]):
 class StepContext:
     """One attempt of one activity (a step, or a compensation) of one run."""
 
-    __slots__ = ("_effects", "activity_id", "attempt", "cause", "input", "kind", "results",
-                 "traceparent", "workflow", "workflow_id")
+    __slots__ = ("_effects", "_now", "activity_id", "attempt", "cause", "goto_step", "input",
+                 "kind", "results", "signal", "traceparent", "wait_signal", "wake_at",
+                 "workflow", "workflow_id")
 
     def __init__(self, *, workflow_id: str, workflow: str, activity_id: str, kind: Kind,
                  attempt: int, input: Any, results: Results, cause: str | None,
-                 traceparent: str | None) -> None:
+                 traceparent: str | None, now: Callable[[], float] = time.time,
+                 signal: Any = None) -> None:
         self.workflow_id = workflow_id
         self.workflow = workflow
         self.activity_id = activity_id
@@ -77,6 +83,14 @@ class StepContext:
         self.cause = cause
         self.traceparent = traceparent
         self._effects: list[Effect] = []
+        self._now = now
+        #: what this attempt asked for, applied only if it checkpoints (see ``sleep``, ``goto``)
+        self.wake_at: float | None = None
+        self.goto_step: str | None = None
+        self.wait_signal: str | None = None
+        #: the payload of the signal this step waited for (``wait_for_signal`` in the step
+        #: before), None when it waited for none
+        self.signal = signal
 
     @property
     def idempotency_key(self) -> str:
@@ -98,3 +112,61 @@ class StepContext:
 
     def effects(self) -> tuple[Effect, ...]:
         return tuple(self._effects)
+
+    # -- what comes next: timers and branches, checkpointed with the step ----------------------
+
+    def sleep(self, seconds: float) -> None:
+        """Make the next activity due ``seconds`` from now: a durable timer.
+
+        The step still returns and checkpoints as usual; its successor's record waits in the
+        outbox table (``not_before``) until it is due, and the run's ``wake_at`` says until
+        when. Nothing waits in memory: no thread, lease or connection is held, and a crash or a
+        restart during the wait changes nothing. Never early: no relay claims the row before
+        its time, and a record that arrives before ``wake_at`` anyway is put back, not run.
+        The last call wins; in the last step (no successor) it delays nothing."""
+        if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"sleep takes a finite number of seconds >= 0, got {seconds!r}")
+        self.wake_at = self._now() + float(seconds)
+
+    def sleep_until(self, when: float | datetime) -> None:
+        """``sleep`` until ``when``: epoch seconds, or a timezone-aware ``datetime``. A time
+        already past makes the next activity due at once."""
+        if isinstance(when, datetime):
+            if when.tzinfo is None:
+                raise ValueError("sleep_until takes a timezone-aware datetime (or epoch "
+                                 f"seconds), got the naive {when.isoformat()}")
+            t = when.timestamp()
+        elif isinstance(when, int | float) and math.isfinite(when):
+            t = float(when)
+        else:
+            raise ValueError(f"sleep_until takes epoch seconds or a datetime, got {when!r}")
+        self.wake_at = max(t, self._now())
+
+    def wait_for_signal(self, name: str, *, timeout: float) -> None:
+        """Make the next activity wait for the signal ``name`` (``Engine.signal``,
+        ``kworkers workflow signal``), at most ``timeout`` seconds; it reads the payload as
+        ``ctx.signal``.
+
+        Like ``sleep``, the wait is rows, not a thread: a signal is kept in the store whenever
+        it is sent (before the wait too), and sending one writes the waiting step's record to
+        the outbox in the same transaction. A timeout is a failure of the waiting step
+        (``SignalTimeout``, retryable: the worker's retry policy decides, then the
+        compensations of the completed steps run)."""
+        from kworkers.workflow.definition import check_name
+
+        check_name(name, "signal name")
+        self.sleep(timeout)
+        self.wait_signal = name
+
+    def goto(self, step: str) -> None:
+        """Branch: run the step with activity id ``step`` (a *later* one) after this one,
+        instead of the next in the list. The choice commits with this step's checkpoint, so a
+        redelivery or a crash cannot make the run take another path. Steps jumped over do not
+        run and are not compensated. An unknown or earlier step fails this step for good."""
+        if not isinstance(step, str) or not step:
+            raise ValueError(f"goto takes a step's activity id, got {step!r}")
+        self.goto_step = step
+
+    def finish(self) -> None:
+        """Branch to the end: the run completes after this step."""
+        self.goto_step = FINISH

@@ -18,23 +18,25 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, overload
 
-from kworkers.errors import ConfigError
+from kworkers.errors import ConfigError, NonRetryableError
+from kworkers.workflow.kind import Kind
 
 if TYPE_CHECKING:
     from kworkers.workflow.context import StepContext
 
-__all__ = ["Activity", "Definition", "Kind", "Step", "StepFn", "Workflow"]
+__all__ = ["Activity", "Definition", "Step", "StepFn", "Workflow"]
 
 #: a step or a compensation: ``fn(ctx) -> JSON value``, plain or ``async def``
 StepFn = Callable[["StepContext"], Any]
-Kind = Literal["step", "compensation"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")
 COMPENSATE = "compensate."
+#: the branch target that ends the run (``StepContext.finish``, ``on_success(goto=FINISH)``)
+FINISH = ""
 
 
 def check_name(name: str, what: str) -> str:
@@ -122,12 +124,33 @@ class Definition:
         for an operator (its failed record in the DLQ)."""
         return any(s.compensate is not None for s in self.steps)
 
-    def last_compensable(self, below: int) -> int | None:
-        """The highest step position under ``below`` that has a compensation (None: none)."""
+    def last_compensable(self, below: int, done: Collection[str] | None = None) -> int | None:
+        """The highest step position under ``below`` that has a compensation and (when
+        ``done``, the completed activity ids, is given) completed; None: none. A branch not
+        taken did not complete, so it is not undone."""
         for pos in range(min(below, len(self.steps)) - 1, -1, -1):
-            if self.steps[pos].compensate is not None:
+            if self.steps[pos].compensate is not None and (
+                    done is None or self._ids[pos] in done):
                 return pos
         return None
+
+    def goto_position(self, current: int, target: str) -> int:
+        """The position a step at ``current`` branches to: ``target`` is a later step's
+        activity id, or ``""`` (finish: past the last step). Forward only, so a run's path is
+        a subsequence of the list: each step runs at most once and its idempotency key stays
+        one activity's."""
+        if target == FINISH:
+            return len(self.steps)
+        if target not in self._ids:
+            raise NonRetryableError(
+                "UnknownBranch", f"workflow {self.name!r} has no step {target!r} to go to "
+                f"(steps: {', '.join(self._ids)})")
+        pos = self._ids.index(target)
+        if pos <= current:
+            raise NonRetryableError(
+                "BackwardBranch", f"step {self._ids[current]!r} of workflow {self.name!r} "
+                f"cannot go to {target!r}: a branch goes forward, to a later step")
+        return pos
 
 
 def fingerprint(name: str, steps: tuple[Step, ...]) -> str:

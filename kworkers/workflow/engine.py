@@ -24,24 +24,31 @@ one SQL transaction and leaves Kafka at-least-once, which the done-marks absorb.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from kworkers.activity import ActivityInvoker
-from kworkers.admin import TopicSpec, create_topics
 from kworkers.clock import Clock, SystemClock
 from kworkers.errors import ConfigError
 from kworkers.idempotency.outbox import Outbox, blocking_send
 from kworkers.idempotency.store import TransactionalStore
 from kworkers.kafka import clients
+from kworkers.kafka.admin import create_topics
+from kworkers.kafka.producer import KafkaSender
 from kworkers.kafka.settings import producer_settings
 from kworkers.metrics import Metrics
-from kworkers.retry_tiers.producer import KafkaSender
+from kworkers.topic_plan import TopicSpec
 from kworkers.tracing import TracedInvoke
 from kworkers.worker import Worker
-from kworkers.workflow.codec import DEFAULT_MAX_RESULT_BYTES, decode_json, encode_json
-from kworkers.workflow.definition import Definition, Workflow
+from kworkers.workflow.codec import (
+    DEFAULT_MAX_RESULT_BYTES,
+    ActivityRecord,
+    decode_json,
+    encode_json,
+)
+from kworkers.workflow.definition import Definition, Workflow, check_name
 from kworkers.workflow.errors import ResultError
 from kworkers.workflow.registry import Registry
 from kworkers.workflow.relay import Relay
@@ -113,8 +120,8 @@ class Engine:
         elif not self._warned:
             self._warned = True
             log.warning("a workflow step was checkpointed in a process without an outbox relay; "
-                        "its next activity waits for a relay elsewhere (run workflow workers "
-                        "with Engine.run(worker), not Worker.run or `kworkers run`)")
+                        "its next activity waits for a relay elsewhere (a worker bound to the "
+                        "engine runs one: Engine.worker / Engine.bind)")
 
     # -- starting runs -------------------------------------------------------------------------
 
@@ -158,17 +165,82 @@ class Engine:
                               "an id names one run (use a new id for new input)")
         return Started(workflow_id, existing.workflow, existing.version, False, existing.status)
 
+    def signal(self, workflow_id: str, name: str, payload: Any = None) -> bool:
+        """Send the signal ``name`` (a JSON ``payload``) to a run; True when a step was waiting
+        for it and is now woken.
+
+        The signal is kept in the store whenever it comes: sent before the step that waits for
+        it, it is there when that step starts waiting (and wakes it at once). When the run's
+        pending step waits for ``name``, its record goes into the outbox in the *same*
+        transaction as the signal (the outbox pattern, as every hand-off): no signal without
+        its wake-up, no wake-up without its signal (the step's deadline row is made due now,
+        or, when it has left the outbox already, a new record is written). A run that ended,
+        or an unknown id, is a ``ConfigError`` (nothing would ever read the signal)."""
+        check_name(name, "signal name")
+        _check_workflow_id(workflow_id)
+        try:
+            text = encode_json(payload, f"payload of signal {name!r}", self.max_result_bytes)
+        except ResultError as exc:
+            raise ConfigError(str(exc)) from None
+        with self.store.atomic() as conn:
+            row = self.tables.lock_run(conn, workflow_id)
+            if row is None:
+                raise ConfigError(f"no workflow run {workflow_id!r} to signal")
+            if row.state.activity is None:
+                raise ConfigError(f"run {workflow_id!r} is {row.status}: nothing would read "
+                                  f"signal {name!r}")
+            self.tables.add_signal(conn, workflow_id, name, text, self.clock.now())
+            woke = row.state.signal == name and row.status != "failed"
+            if woke:
+                d = self.registry.resolve(row.workflow_id, row.workflow, row.version)
+                assert row.state.activity is not None
+                key = ActivityRecord(workflow_id, row.state.activity, d.name,
+                                     d.version).key.encode("utf-8")
+                if not self.outbox.due_now(conn, self.topic, key):  # its deadline row: due now
+                    self.runner.dispatch(conn, row, d, row.state.activity,
+                                         row.traceparent or "")
+        if woke and self._relay is not None:
+            self._relay.wake()
+        log.info("run %s: signal %r sent%s", workflow_id, name, " (woke its step)" if woke else
+                 "")
+        return woke
+
     # -- workers -------------------------------------------------------------------------------
 
     def bind(self, worker: Worker) -> Worker:
-        """Make ``worker`` run this engine's activities (its handler, its retry policy)."""
+        """Make ``worker`` run this engine's activities: its handler, and a run hook that, each
+        time the worker (or the copy ``kworkers run`` makes of it with its flags) runs, takes
+        its *effective* retry policy, tiers and ``message_timeout`` and runs the outbox relay
+        beside its loops. So ``worker.run()``, ``engine.run(worker)`` and ``kworkers run
+        app:worker`` are the same."""
         if tuple(worker.config.topics) != (self.topic,):
             raise ConfigError(f"a workflow worker consumes exactly the engine's topic "
                               f"{self.topic!r}, not {list(worker.config.topics)}")
         worker.handler(self.runner)
-        self.runner.policy = worker.config.retry
-        self.runner.ladder = worker.config.tiers
+        self._adopt(worker)
+        worker.around_run(self.serving)
         return worker
+
+    def _adopt(self, worker: Worker) -> None:
+        cfg = worker.config
+        self.runner.policy = cfg.retry
+        self.runner.ladder = cfg.tiers
+        self.runner.deadline = cfg.message_timeout
+
+    @contextmanager
+    def serving(self, worker: Worker) -> Iterator[None]:
+        """The worker's run hook (``bind``): the engine adopts the running worker's effective
+        settings, and this process's relay runs while its loops do."""
+        self._adopt(worker)
+        cfg = worker.config
+        sender = KafkaSender(producer_settings(cfg.client, cfg.producer_config))
+        self._relay = Relay(self.outbox, blocking_send(sender), idle_s=self.relay_idle_s).start()
+        try:
+            yield
+        finally:
+            relay, self._relay = self._relay, None
+            relay.stop()
+            sender.close()
 
     def worker(self, group_id: str, bootstrap_servers: str | None = None,
                **settings: Any) -> Worker:
@@ -181,27 +253,21 @@ class Engine:
         return self.bind(w)
 
     def create_topics(self, worker: Worker, partitions: int = 6) -> list[str]:
-        """The activities topic, its retry tiers and its DLQ (those missing)."""
+        """The activities topic (the broker's default replication), its retry tiers and its
+        DLQ (as durable as it: ``Worker.topic_specs``), those missing."""
         made = create_topics(clients.admin(worker.config.client),
                              [TopicSpec(self.topic, partitions)])
         return made + worker.create_topics(partitions)
 
     def run(self, worker: Worker, install_signals: bool = True) -> None:
-        """Run ``worker`` with this engine's relay beside it, until SIGTERM or ``stop()``.
+        """Run ``worker`` (bound to this engine) until SIGTERM or ``stop()``; its run hook
+        starts this process's relay beside it.
 
-        Every replica runs this: the relays share the outbox (rows claimed with a lease), so
+        Every replica runs one: the relays share the outbox (rows claimed with a lease), so
         any number of them is safe and a dead one's rows are sent by another."""
-        if self.runner.policy is None:
+        if worker._handler is not self.runner:
             self.bind(worker)
-        cfg = worker.config
-        sender = KafkaSender(producer_settings(cfg.client, cfg.producer_config))
-        self._relay = Relay(self.outbox, blocking_send(sender), idle_s=self.relay_idle_s).start()
-        try:
-            worker.run(install_signals=install_signals)
-        finally:
-            relay, self._relay = self._relay, None
-            relay.stop()
-            sender.close()
+        worker.run(install_signals=install_signals)
 
 
 def _check_workflow_id(workflow_id: str) -> None:

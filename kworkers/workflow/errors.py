@@ -19,7 +19,7 @@ the caller before anything is written::
 
 from __future__ import annotations
 
-from kworkers.errors import NonRetryableError
+from kworkers.errors import NonRetryableError, RetryableError
 
 
 class UnknownRun(NonRetryableError):
@@ -44,3 +44,22 @@ class VersionMismatch(NonRetryableError):
 
 class ResultError(NonRetryableError):
     """``type`` is ``ResultTooLarge`` or ``ResultNotSerializable``."""
+
+
+class SignalTimeout(RetryableError):
+    """The signal a step waited for did not come in time (``ctx.wait_for_signal``)."""
+
+    def __init__(self, workflow_id: str, activity_id: str, name: str, waited_s: float) -> None:
+        super().__init__("SignalTimeout", f"run {workflow_id!r}: step {activity_id!r} waited "
+                         f"{waited_s:.1f}s for signal {name!r}, none came")
+
+
+class StepOverran(TimeoutError):
+    """A step returned after the worker's ``message_timeout``: the loop has routed its record
+    as a ``TimeoutError`` already, so the engine records the attempt as failed (and does not
+    checkpoint it) to stay in step with the loop."""
+
+    def __init__(self, workflow_id: str, activity_id: str, took_s: float,
+                 deadline_s: float) -> None:
+        super().__init__(f"run {workflow_id!r}: step {activity_id!r} took {took_s:.2f}s, past "
+                         f"the worker's message_timeout of {deadline_s:g}s")

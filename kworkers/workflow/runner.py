@@ -28,7 +28,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from kworkers.clock import Clock
 from kworkers.errors import NonRetryableError, failure_message, failure_type
@@ -43,7 +43,7 @@ from kworkers.tracing import trace_context_of
 from kworkers.workflow.codec import ActivityRecord, decode_json, encode_json
 from kworkers.workflow.context import Results, StepContext
 from kworkers.workflow.definition import Activity, Definition
-from kworkers.workflow.errors import UnknownRun
+from kworkers.workflow.errors import SignalTimeout, StepOverran, UnknownRun
 from kworkers.workflow.registry import Registry
 from kworkers.workflow.state import RunState, Transition, on_failure, on_success
 from kworkers.workflow.tables import RunRow, RunTables
@@ -88,27 +88,35 @@ class ActivityRunner:
         #: the retry policy and tiers of the worker this runs in (``Engine.bind`` sets them)
         self.policy: RetryPolicy | None = None
         self.ladder: TierLadder | None = None
+        #: the worker's ``message_timeout``: a step that returns past it is a failed attempt
+        #: the engine records (``StepOverran``), as the loop routes it, not a checkpoint
+        self.deadline: float | None = None
 
     # -- the hand-off: the one place a next activity is written --------------------------------
 
     def dispatch(self, conn: SqlConnection, row: RunRow, d: Definition, activity_id: str,
-                 traceparent: str) -> None:
-        """Put the record of ``activity_id`` in the outbox, on the checkpoint's connection."""
+                 traceparent: str, not_before: float | None = None) -> None:
+        """Put the record of ``activity_id`` in the outbox, on the checkpoint's connection
+        (``not_before``: a durable timer, no relay sends it earlier)."""
         rec = ActivityRecord(row.workflow_id, activity_id, d.name, d.version)
         key, value, headers = rec.encode(traceparent)
-        self.handoff(conn, key, value, headers)
+        self.handoff(conn, key, value, headers, not_before or 0.0)
 
-    def handoff(self, conn: SqlConnection, key: bytes, value: bytes, headers: Headers) -> None:
-        self.outbox.enqueue(conn, self.topic, key, value, headers)
+    def handoff(self, conn: SqlConnection, key: bytes, value: bytes, headers: Headers,
+                not_before: float = 0.0) -> None:
+        self.outbox.enqueue(conn, self.topic, key, value, headers, not_before=not_before)
 
     # -- one record ----------------------------------------------------------------------------
 
     def __call__(self, msg: Message) -> None:
         rec = ActivityRecord.decode(msg)
+        sig: tuple[int, str | None] | None = None
         with self.store.atomic() as conn:
             row = self.tables.lock_run(conn, rec.workflow_id, lock=False)
             raw = ({} if row is None or not row.state.pending(rec.activity_id)
                    else self.tables.completed_results(conn, rec.workflow_id))
+            if row is not None and row.state.signal and row.state.pending(rec.activity_id):
+                sig = self.tables.first_signal(conn, rec.workflow_id, row.state.signal)
         if row is None:
             raise UnknownRun(rec.workflow_id)
         d = self.registry.resolve(row.workflow_id, row.workflow, row.version)
@@ -121,6 +129,10 @@ class ActivityRunner:
             log.debug("%s: not pending (run is %s at %s), skipped", rec.key, row.status,
                       row.state.activity)
             return
+        wait = self._wait_state(row, sig is not None)
+        if wait == "early":
+            self._too_early(msg, rec, d, row)
+            return
         act = d.activity(rec.activity_id)
         if act is None:
             raise NonRetryableError(
@@ -131,18 +143,29 @@ class ActivityRunner:
             workflow_id=row.workflow_id, workflow=d.name, activity_id=act.id, kind=act.kind,
             attempt=msg.attempt, input=decode_json(row.input, f"input of run {rec.workflow_id!r}"),
             results=Results(raw, row.workflow_id), cause=row.state.cause,
-            traceparent=None if parent is None else parent.header())
+            traceparent=None if parent is None else parent.header(), now=self.clock.now,
+            signal=None if sig is None else decode_json(
+                sig[1], f"signal {row.state.signal!r} of run {rec.workflow_id!r}"))
         outgoing = next_traceparent(parent)
+        with self.store.atomic() as conn:  # counted before it runs: a crash mid-step counts
+            self.tables.started(conn, row.workflow_id, act.id, act.kind, act.position,
+                                act.name, self.clock.now())
         t0 = time.perf_counter()
         try:
             try:
+                if wait == "timeout":
+                    waited = (row.state.wake_at or 0.0) - row.updated_at
+                    raise SignalTimeout(row.workflow_id, act.id, row.state.signal or "", waited)
                 value = call_step(act.fn, ctx)
             finally:
-                self.metrics.workflow_step_duration.labels(d.name, act.id).observe(
-                    time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                self.metrics.workflow_step_duration.labels(d.name, act.id).observe(took)
+            if self.deadline is not None and took > self.deadline:
+                raise StepOverran(row.workflow_id, act.id, took, self.deadline)
             result = encode_json(value, f"result of {act.kind} {act.id!r} of run "
                                  f"{row.workflow_id!r}", self.max_result_bytes)
-            self._checkpoint(rec, d, act, ctx, result, outgoing)
+            self._checkpoint(rec, d, act, ctx, result, outgoing,
+                             None if sig is None else sig[0])
         except Exception as exc:
             if self._failed(msg, rec, d, act, exc, outgoing):
                 raise
@@ -150,7 +173,7 @@ class ActivityRunner:
     # -- success ------------------------------------------------------------------------------
 
     def _checkpoint(self, rec: ActivityRecord, d: Definition, act: Activity, ctx: StepContext,
-                    result: str, outgoing: str) -> None:
+                    result: str, outgoing: str, signal_id: int | None = None) -> None:
         done: list[tuple[RunState, Transition]] = []
 
         def write(conn: SqlConnection) -> None:
@@ -160,12 +183,19 @@ class ActivityRunner:
                 raise _Stale
             for effect in ctx.effects():
                 effect(conn)
+            if signal_id is not None:
+                self.tables.take_signal(conn, signal_id, act.id)
             self.tables.record(conn, row.workflow_id, act.id, act.kind, act.position, act.name,
                                "completed", now, result=result)
-            t = on_success(d, row.state)
+            t = on_success(d, row.state, goto=ctx.goto_step, wake_at=ctx.wake_at,
+                           signal=ctx.wait_signal, done=self._done(conn, row.workflow_id))
             self.tables.set_state(conn, row.workflow_id, t.state, now)
             if t.dispatch is not None:
-                self.dispatch(conn, row, d, t.dispatch, outgoing)
+                waits = t.state.signal is not None and self.tables.first_signal(
+                    conn, row.workflow_id, t.state.signal) is None
+                # a signal already kept wakes the next step at once; else its deadline does
+                self.dispatch(conn, row, d, t.dispatch, outgoing,
+                              t.state.wake_at if waits or t.state.signal is None else None)
             done.append((row.state, t))
 
         try:
@@ -179,6 +209,39 @@ class ActivityRunner:
         self.on_commit()
         self._count(d, act.id, "completed")
         self._moved(d, rec.workflow_id, before, t.state)
+
+    def _done(self, conn: SqlConnection, workflow_id: str) -> set[str]:
+        """The run's completed activity ids (a branch not taken is not among them)."""
+        return set(self.tables.completed_results(conn, workflow_id))
+
+    def _wait_state(self, row: RunRow, has_signal: bool) -> Literal["run", "early", "timeout"]:
+        """Whether the run's pending activity may run now: no timer, or its timer is due; when
+        it waits for a signal, one was sent ("run") or its deadline passed ("timeout")."""
+        s = row.state
+        due = s.wake_at is None or self.clock.now() >= s.wake_at
+        if s.signal is not None:
+            return "run" if has_signal else "timeout" if due else "early"
+        return "run" if due else "early"
+
+    def _too_early(self, msg: Message, rec: ActivityRecord, d: Definition, row: RunRow) -> None:
+        """A record of a sleeping run arrived before its ``wake_at`` (another relay's clock
+        ahead of ours, an operator's replay; or the record a signal's wake-up sent, before the
+        signal committed): never run it early. Put a copy back in the outbox
+        due at ``wake_at``, in a transaction under the run's lock, and skip this one; the
+        pending-activity guard absorbs the extra copies this may make."""
+        with self.store.atomic() as conn:
+            now_row = self.tables.lock_run(conn, rec.workflow_id)
+            if now_row is None or not now_row.state.pending(rec.activity_id):
+                return
+            wake = now_row.state.wake_at
+            if wake is None or self.clock.now() >= wake:
+                wake = 0.0
+            parent, _ = trace_context_of(msg)
+            self.dispatch(conn, now_row, d, rec.activity_id, next_traceparent(parent), wake)
+        self.on_commit()
+        self._count(d, rec.activity_id, "early")
+        log.warning("%s arrived before its wake-up time %.3f (now %.3f): put back, not run",
+                    rec.key, row.state.wake_at or 0.0, self.clock.now())
 
     # -- failure ------------------------------------------------------------------------------
 
@@ -206,7 +269,7 @@ class ActivityRunner:
             self.tables.record(conn, row.workflow_id, act.id, act.kind, act.position, act.name,
                                "failed" if final else "retrying", now, error=error)
             if final:
-                t = on_failure(d, row.state, error)
+                t = on_failure(d, row.state, error, self._done(conn, row.workflow_id))
                 self.tables.set_state(conn, row.workflow_id, t.state, now)
                 if t.dispatch is not None:
                     self.dispatch(conn, row, d, t.dispatch, outgoing)

@@ -13,8 +13,7 @@ import threading
 import time
 
 from kworkers import Message, Worker
-from kworkers.consumer.kafka import KafkaConsumerAdapter
-from kworkers.kafka.settings import consumer_settings
+from tests.apps.adapters import KafkaConsumerAdapter, consumer_settings
 
 BREAK_RETRY_LOOP = threading.Event()
 

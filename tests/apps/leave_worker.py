@@ -8,6 +8,10 @@ done-mark).
 (repeatable): the record at OFFSET of partition 0 sleeps this long *after* its effect (a slow
 acknowledgement downstream), so a stop that does not wait for it leaves an applied effect whose
 offset is not committed: the next owner gets the record again and the receiver absorbs it.
+
+``--canary slow-drain`` is the leave the fast-leave test must catch: a stop that keeps the
+lanes working through the fetched queue, for three times its bound (before issue #16's fix a
+drain ran the queue down for ``drain_timeout``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,20 @@ from kworkers.testing.instruments import RecordingInvoker, message_key
 from kworkers.testing.ledger import Ledger
 
 
+def _slow_drain() -> None:
+    """The canary: a stop halts nothing (lanes go on through their queues) and the drain
+    waits three times its bound for them."""
+    from kworkers.consumer.partition import PartitionState
+    from kworkers.consumer.processor import Processor
+    from kworkers.consumer.settings import LoopSettings
+
+    bound = LoopSettings.started_work_bound
+    PartitionState.halt = lambda self: None  # type: ignore[method-assign]
+    Processor.stop = lambda self: self._stop.set()  # type: ignore[method-assign]
+    LoopSettings.started_work_bound = (  # type: ignore[method-assign]
+        lambda self: 3 * bound(self))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("bootstrap")
@@ -35,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--linger", action="append", default=[], metavar="OFFSET:SECONDS")
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     ap.add_argument("--message-timeout", type=float, default=None)
+    ap.add_argument("--revoke-timeout", type=float, default=10.0)
+    ap.add_argument("--canary", choices=["slow-drain"])
     args = ap.parse_args(argv)
+    if args.canary == "slow-drain":
+        _slow_drain()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(message)s")
     linger = {int(o): float(s) for o, s in (x.split(":") for x in args.linger)}
@@ -45,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
         consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
         drain_timeout=args.drain_timeout, message_timeout=args.message_timeout,
-        invoke=RecordingInvoker(ledger, ActivityInvoker()),
+        revoke_timeout=args.revoke_timeout, invoke=RecordingInvoker(ledger, ActivityInvoker()),
     )
 
     @worker.handler

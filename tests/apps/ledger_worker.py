@@ -21,6 +21,10 @@ holds every handler before its effect while PATH exists (a result made late on p
 plain: the effect row is committed; txn: inside the transaction, before it commits),
 ``after-complete`` (the key is done, the offset not yet committed) and ``after-commit``
 (fire-and-forget: the offset is committed, the effect not yet applied).
+
+``--broken MODE``: the canaries of the checker's findings, a consumer that seeks back below
+its commits, skips a record, drops a killed process's work or commits backwards
+(``tests/apps/broken_consumer.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from kworkers.activity import ActivityInvoker
 from kworkers.idempotency import IdempotencyStore, TransactionalStore, open_store
 from kworkers.testing.instruments import KillPoint, RecordingInvoker, StoreProbe, message_key
 from kworkers.testing.ledger import Ledger
+from tests.apps.broken_consumer import MODES, factory
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -71,9 +76,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--async", dest="use_async", action="store_true")
     ap.add_argument("--lease-s", type=float, default=3.0)
     ap.add_argument("--session-timeout-ms", type=int, default=6000)
+    ap.add_argument("--no-fencing", action="store_true",
+                    help="canary: self-fencing off (a member cut off runs on)")
     ap.add_argument("--consumer", action="append", default=[], metavar="NAME=VALUE",
                     help="extra consumer setting")
+    ap.add_argument("--complete-marks", action="store_true",
+                    help="lease mode: a row in the ledger's table COMPLETES each time the "
+                         "store's complete returned (which keys a kill left between effect "
+                         "and complete)")
+    ap.add_argument("--broken", choices=MODES,
+                    help="canary: the main group's consumer is broken this way "
+                         "(tests/apps/broken_consumer.py)")
     return ap.parse_args(argv)
+
+
+#: the table of ``--complete-marks`` (beside the ledger's own, in the same file)
+COMPLETES = "kworkers_completes"
 
 
 def _setting(text: str) -> tuple[str, str | int]:
@@ -139,8 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         ledger = Ledger(args.ledger, table=args.ledger_table)
 
     claims: IdempotencyStore | None = None
+    marks = (Ledger(args.ledger, table=COMPLETES)
+             if args.complete_marks and args.ledger else None)
+
+    def completed(key: str) -> None:
+        if marks is not None:
+            marks.apply(key, note="complete")
+        at("after-complete", key)
+
     if args.effect == "lease" or (args.effect == "txn" and args.claim):
-        claims = StoreProbe(store, on_complete=lambda key: at("after-complete", key),
+        claims = StoreProbe(store, on_complete=completed,
                             claim_always_acquired=args.broken_claim)
     invoker = RecordingInvoker(ledger, ActivityInvoker(claims, lease_s=args.lease_s))
     extra: dict[str, Any] = dict(_setting(s) for s in args.consumer)
@@ -152,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         ordering=args.ordering, group_protocol=args.protocol, consumer_config=extra,
         retry=RetryPolicy(initial=0.2, backoff=2.0, max_interval=1.0, max_attempts=100),
         tiers=TierLadder((0.25, 0.5, 1.0)), drain_timeout=20.0, invoke=invoker,
+        self_fencing=not args.no_fencing,
+        consumer=None if args.broken is None else factory(
+            args.bootstrap, args.group, args.broken, args.markers, args.protocol, extra),
     )
     rnd = random.Random()
     later = _FireAndForget(args, ledger, kills)

@@ -6,8 +6,10 @@ application of the effect go to append-only ledgers, and the tests judge from th
 The effect is ``store.apply_once(key, ledger.apply_in)`` with a lease claim first
 (``Worker(idempotency=store)``): the ledger lives in the store's database and its row commits
 with the done-mark, so a redelivered record is absorbed (each effect once). ``--dc-ledger PATH``
-records ``(key, delivery count)`` of each handler call in a standalone ledger (table
-``share_dc``, the count in the note).
+records ``(key, delivery count)`` of every delivery the worker was given, before the receiver
+can absorb it, in a standalone ledger (table ``share_dc``, the count in the note, the pid
+beside it): the broker's count as the record carried it, written by a test instrument
+(``CountingInvoker``), not a counter of the worker.
 
 Faults: ``--crash-key KEY`` SIGKILLs the process before the effect on *every* delivery of KEY
 (a record that kills its worker); ``--kill KEY@STEP`` as in ``ledger_worker`` (once per key).
@@ -22,7 +24,8 @@ Canaries (deliberately broken, each caught by a check in the suite):
 thread afterwards), so a kill in between loses it; ``--canary no-last-delivery`` disables the
 last-delivery rule, so a crash-looping record is archived by the broker instead of reaching
 the DLQ; ``--canary no-receiver`` applies the effect as a plain append, not through the
-store's transaction, so a redelivery applies it twice.
+store's transaction, so a redelivery applies it twice; ``--canary dead-letter-all``
+dead-letters every record (after its kill points), so nothing is left to effect.
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ from kworkers.testing.instruments import KillPoint, RecordingInvoker, message_ke
 from kworkers.testing.ledger import Ledger
 
 
+class CountingInvoker:
+    """An ``Invoker`` that appends each record's delivery count to ``counts``, then calls
+    ``inner`` (placed before the receiver, so an absorbed redelivery is counted too)."""
+
+    def __init__(self, counts: Ledger, inner: Any) -> None:
+        self.counts = counts
+        self.inner = inner
+
+    def __call__(self, handler: Any, msg: Message | list[Message]) -> Any:
+        for m in msg if isinstance(msg, list) else (msg,):
+            self.counts.apply(message_key(m), m, note=str(delivery_count(m)))
+        return self.inner(handler, msg)
+
+
+LEASE_S = 2.0
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("bootstrap")
@@ -59,7 +79,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markers", help="directory of the kill points' markers")
     ap.add_argument("--flaky-every", type=int, default=0)
     ap.add_argument("--poison-every", type=int, default=0)
-    ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "no-receiver"])
+    ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "no-receiver",
+                                         "dead-letter-all"])
     ap.add_argument("--metrics", action="store_true",
                     help="serve /metrics on a free loopback port, printed as 'metrics port N'")
     return ap.parse_args(argv)
@@ -78,14 +99,19 @@ def main(argv: list[str] | None = None) -> int:
         from kworkers.share.rules import ShareRules
 
         ShareRules.is_last_delivery = lambda self, n: False  # type: ignore[method-assign]
-    invoker = RecordingInvoker(ledger, ActivityInvoker(store, lease_s=5.0))
+    # The lease a killed member leaves on a key must run out within the retries of the next
+    # member's attempts (each answered LeaseBusy until then), or the record is dead-lettered
+    # as LeaseBusy: a 2 s lease under 12 attempts (11 tier hops of at least 0.25 s each)
+    receiver = ActivityInvoker(store, lease_s=LEASE_S)
+    invoker = RecordingInvoker(ledger, receiver if counts is None else
+                               CountingInvoker(counts, receiver))
     worker = Worker(
         topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
         mode="share", concurrency=args.concurrency, invoke=invoker, drain_timeout=20.0,
         # the retry tiers' group: KIP-848, so processes starting one after another do not hold
         # the tier records behind classic rebalances (a revoke commit there waited 25 s)
         group_protocol="consumer",
-        retry=RetryPolicy(initial=0.2, backoff=2.0, max_interval=1.0, max_attempts=3),
+        retry=RetryPolicy(initial=0.2, backoff=2.0, max_interval=1.0, max_attempts=12),
         tiers=TierLadder((0.25, 0.5)),
     )
     later: list[threading.Thread] = []
@@ -101,13 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     @worker.handler
     def handle(msg: Message) -> None:
         key = message_key(msg)
-        if counts is not None:
-            counts.apply(key, msg, note=str(delivery_count(msg)))
         if args.slow_ms:
             time.sleep(args.slow_ms / 1000)
         if key in args.crash_key:
             os.kill(os.getpid(), signal.SIGKILL)
         n = int(key) if key.isdigit() else -1
+        if args.canary == "dead-letter-all":
+            for k in kills:
+                k.at("before-effect", key)
+            raise NonRetryableError("Poison", f"canary: every record dead-lettered ({key})")
         if args.poison_every and n % args.poison_every == 0:
             raise NonRetryableError("Poison", f"record {key} can never be handled")
         if args.flaky_every and n % args.flaky_every == 0 and msg.attempt == 1:

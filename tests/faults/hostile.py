@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from kworkers import Message, NonRetryableError
-from kworkers.admin import admin_client
+from kworkers.kafka.admin import admin_client
 from kworkers.testing.checker import committed, read_log
 from kworkers.testing.ledger import Ledger
 
@@ -178,3 +178,14 @@ def judge(expects: Iterable[Expect], ledger: Ledger,
                                       f"({delivered.get(key, 0)}x) or dead-lettered "
                                       f"({len(died)}x) by {group}")
     return v
+
+
+def redrive_problems(expected: Iterable[str], replays: Iterable[str]) -> list[str]:
+    """Every dead letter the redrive had to replay (``kw-redrive-of``: ``dlq/partition/
+    offset``) replayed exactly once, and nothing else: a count of replays equal to the count
+    of dead letters would pass one replayed twice and another never."""
+    want, got = Counter(expected), Counter(replays)
+    wrong = [f"{ref}: replayed {got[ref]} times, expected {n}" for ref, n in sorted(want.items())
+             if got[ref] != n]
+    return wrong + [f"{ref}: replayed {n} times, never expected" for ref, n in sorted(got.items())
+                    if ref not in want]

@@ -1,11 +1,14 @@
-"""Shared by the fault tests: where the idempotency stores are."""
+"""Shared by the fault tests: where the idempotency stores are, and the lease mode's limit."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 import pytest
+
+from kworkers.testing.ledger import Effect
 
 STORE_ENV = {"postgres": "KWORKERS_PG_DSN", "redis": "KWORKERS_REDIS_URL"}
 
@@ -19,3 +22,42 @@ def store_url(kind: str, tmp: Path) -> str:
     if not url:
         pytest.skip(f"{STORE_ENV[kind]} is unset (scripts/test starts the server)")
     return url
+
+
+def killed_between_effect_and_complete(effects: Iterable[Effect], completes: Iterable[Effect],
+                                       victims: Collection[int]) -> set[str]:
+    """Keys whose first effect was applied by a process that was then killed before the
+    store's ``complete`` returned for it: ``completes`` are the rows ``ledger_worker
+    --complete-marks`` writes once ``complete`` returned (pid included), ``victims`` the pids
+    of the processes killed. A kill stops every lane of its process, so these are not only the
+    kill point's own key."""
+    first: dict[str, int] = {}
+    for e in effects:
+        first.setdefault(e.key, e.pid)
+    done = {(c.key, c.pid) for c in completes}
+    return {key for key, pid in first.items() if pid in victims and (key, pid) not in done}
+
+
+def beyond_the_lease_limit(duplicates: Mapping[str, int],
+                           killed_after_effect: Collection[str]) -> list[str]:
+    """Duplicates the lease mode's documented limit cannot produce.
+
+    With the effect outside the store (lease mode), a worker killed between its effect and
+    ``complete`` leaves the key leased; once the lease runs out the next attempt applies the
+    effect again. So a key may be applied twice only when a kill landed there
+    (``killed_between_effect_and_complete``), and never more than twice. Anything else (a key
+    whose worker completed it, a key never killed) is a receiver that does not
+    deduplicate."""
+    never = ", its worker not killed between its effect and complete"
+    return [f"{key} applied {n} times" + ("" if key in killed_after_effect else never)
+            for key, n in sorted(duplicates.items())
+            if n > 2 or key not in killed_after_effect]
+
+
+def metric_total(port: int, name: str, **labels: str) -> float:
+    """A worker metric as its ``/metrics`` exports it over HTTP: the sum of the samples named
+    ``name`` whose labels include ``labels`` (e.g. every ``reason`` of a group's pauses)."""
+    from tests.integration.test_metrics_http import scrape
+
+    want = set(labels.items())
+    return sum(v for (n, got), v in scrape(port).items() if n == name and want <= got)

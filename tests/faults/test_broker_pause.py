@@ -24,26 +24,29 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kworkers import Message, NonRetryableError, RetryPolicy, TierLadder, Worker
 from kworkers.activity import ActivityInvoker
-from kworkers.consumer.commit import COMMIT_RETRY_WAITS
+from kworkers.consumer.commit import COMMIT_RETRY_WAITS, CommitPolicy
 from kworkers.idempotency import SqliteStore
+from kworkers.metrics import MetricsServer
 from kworkers.retry_tiers import headers as h
 from kworkers.testing import Broker, broker_from_env
-from kworkers.testing.checker import FaultLog, Report, check, committed, read_log
+from kworkers.testing.checker import CommitSampler, FaultLog, Report, check, committed, read_log
 from kworkers.testing.instruments import RecordingInvoker, message_key
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.workload import make_topic, produce_numbered, unique
+from tests.faults.support import metric_total
 from tests.integration.conftest import running, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 #: one commit attempt against the frozen broker gives up after this long
 SOCKET_TIMEOUT_MS = 1500
+#: kworkers' own bound on an unanswered commit attempt (``CommitPolicy.timeout_s``)
+COMMIT_TIMEOUT_S = 0.5
 SESSION_TIMEOUT_MS = 6000
 #: shorter than the retry budget (5 attempts of 1.5 s plus 1.5 s of waits): ridden out in place
 SHORT_PAUSE_S = 2.5
@@ -62,8 +65,9 @@ def broker() -> Iterator[Broker]:
         b.close()
 
 
-def _gauge(metric: Any, group: str) -> float:
-    return float(metric.labels(group)._value.get())
+def _metric(port: int, name: str, group: str) -> float:
+    """A worker metric as ``/metrics`` exports it, read over HTTP."""
+    return metric_total(port, name, group=group)
 
 
 class Pauser:
@@ -121,9 +125,14 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
                consumer_config={"socket.timeout.ms": SOCKET_TIMEOUT_MS,
                                 "session.timeout.ms": SESSION_TIMEOUT_MS,
                                 "heartbeat.interval.ms": 500},
+               # an attempt the frozen broker leaves unanswered this long is a retryable
+               # timeout: the short pause then runs seed 001's waits in place
+               commit=CommitPolicy(timeout_s=COMMIT_TIMEOUT_S),
                invoke=RecordingInvoker(ledger, ActivityInvoker()),
                max_in_flight_per_partition=20, consume_batch=10)
     w.create_topics()
+    metrics_http = MetricsServer(w.metrics, 0, "127.0.0.1").start()
+    commits = CommitSampler(bs, group, topic).start()
     waits: list[float] = []
 
     @w.handler
@@ -136,14 +145,7 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
             pauser.pause("long", LONG_PAUSE_S)
 
     with running(w):
-        committer = w.loops[0].committer
-        real_sleep = committer.sleep
-
-        def recorded(seconds: float) -> None:
-            waits.append(seconds)
-            real_sleep(seconds)
-
-        committer.sleep = recorded
+        w.loops[0].committer.waits = waits  # the waits it schedules, in loop time
         wait_for(lambda: "short" in pauser.resumed and pauser.resumed["short"].is_set(), 120,
                  "the short pause")
         wait_for(lambda: ledger.applications().get("199") == 1, 60, "work after the pause")
@@ -152,11 +154,12 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
         wait_for(lambda: "long" in pauser.resumed and pauser.resumed["long"].is_set(), 120,
                  "the long pause")
         wait_for(lambda: committed(bs, group, topic) == {0: total}, 120, "everything committed")
-        metrics = {name: _gauge(getattr(w.metrics, name), group)
+        metrics = {name: _metric(metrics_http.port, f"kworkers_{name}_total", group)
                    for name in ("commits", "commit_failures", "commit_uncertain")}
+    metrics_http.close()
     report = check(ledger, log=read_log(bs, topic), faults=faults.faults,
-                   commits=[*(f.floors for f in faults.faults), committed(bs, group, topic)])
-    print(f"{report.summary()} waits={waits} metrics={metrics}")
+                   commits=commits.stop())
+    print(f"{report.summary()} waits={waits} metrics={metrics} sampler gaps {commits.gaps}")
     return PauseRun(report, waits_short, list(waits), after_short, metrics)
 
 
@@ -169,14 +172,6 @@ def test_pauses_mid_commit_lose_nothing_and_apply_nothing_twice(pause_run: Pause
     assert pause_run.committed_after_short > 100  # the short pause was ridden out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a synchronous commit to a frozen broker blocks the poll thread until the broker answers "
-    "(observed: 200 s with socket.timeout.ms=2000; then UNKNOWN_MEMBER_ID), so no timeout ever "
-    "reaches commit_with_retry and seed 001's in-place retry never runs for a hung broker. "
-    "Bounding it on a committer thread was tried and withdrawn: a commit sent from another "
-    "thread while the poll thread serves a rebalance callback is not sent to the coordinator "
-    "until the callback returns (librdkafka cgrp debug: no OFFSET_COMMIT op for 26 s), so the "
-    "revoke commit timed out and a clean rebalance redelivered records"))
 def test_a_commit_timeout_is_retried_in_place_with_the_seeds_waits(pause_run: PauseRun) -> None:
     assert pause_run.waits_short, "no commit attempt timed out during the short pause"
     assert tuple(pause_run.waits_short) == COMMIT_RETRY_WAITS[:len(pause_run.waits_short)]
@@ -201,6 +196,9 @@ def test_dlq_outage_holds_the_commit_and_every_dead_letter_reads_back(
     w.create_topics()
     dlq = w.config.tiers.dlq_topic(topic)
     runs: dict[str, int] = {}
+    metrics_http = MetricsServer(w.metrics, 0, "127.0.0.1").start()
+    port = metrics_http.port
+    commits = CommitSampler(bs, group, topic).start()
 
     @w.handler
     def handle(msg: Message) -> None:
@@ -216,23 +214,28 @@ def test_dlq_outage_holds_the_commit_and_every_dead_letter_reads_back(
         ledger.apply(key, msg)
 
     with running(w):
-        wait_for(lambda: _gauge(w.metrics.handoff_blocked, group) >= 1, 60,
+        # what an operator's alert reads: the worker's /metrics over HTTP
+        wait_for(lambda: _metric(port, "kworkers_handoff_blocked", group) >= 1, 60,
                  "the hand-off blocked alert")
-        wait_for(lambda: _gauge(w.metrics.paused, group) >= 1, 30, "the partition paused")
+        wait_for(lambda: _metric(port, "kworkers_paused_partitions", group) >= 1, 30,
+                 "the partition paused")
         assert not pauser.resumed["dlq"].is_set(), "the alert came only after the outage"
         wait_for(pauser.resumed["dlq"].is_set, 60, "the broker back")
         # commit held: no sample may show the commit past 100 while the dead letter of 100 is
         # not yet in the DLQ (the sample is taken first, so a later-visible record is fine)
         while True:
-            pos = committed(bs, group, topic)[0]
+            pos = commits.sample().positions[0]
             visible = len(read_log(bs, dlq)) >= 1
             assert pos <= 100 or visible, f"committed {pos} before the dead letter was written"
             if visible and pos >= total:
                 break
-        wait_for(lambda: _gauge(w.metrics.handoff_blocked, group) == 0, 30, "alert cleared")
+        wait_for(lambda: _metric(port, "kworkers_handoff_blocked", group) == 0, 30,
+                 "alert cleared")
+    metrics_http.close()
     assert runs == {"100": 1, "200": 1}  # the handler is not re-run while the hand-off retries
     report = check(ledger, log=read_log(bs, topic), expected={str(i) for i in range(total)} - bad,
-                   faults=faults.faults, commits=[committed(bs, group, topic)])
+                   faults=faults.faults, commits=commits.stop())
+    print(f"dlq outage: {report.summary()} sampler gaps {commits.gaps}")
     assert report.ok, report.summary()
     letters = list(read_log(bs, dlq))
     assert sorted(r.value for r in letters) == [b"100", b"200"]

@@ -15,7 +15,11 @@ side by side (one process each) to keep CI short; each is then judged on its own
   ``duplicates`` is exactly ``{7: 2}`` (documented in docs/RELIABILITY.md);
 - controls, with the same kill points and nothing broken: the honest claim (killed after
   ``complete``) and the transactional form (killed inside ``apply_once``'s transaction) are
-  ok, and 7 is delivered twice but applied once.
+  ok, and 7 is delivered twice but applied once;
+- on Redis, the bound the Redis kill loop puts on duplicates (``beyond_the_lease_limit``: a
+  key twice only where a kill landed between its effect and ``complete``): a claim that
+  always says ACQUIRED, killed after ``complete``, breaks it; the lease mode's own limit,
+  killed after the effect, stays within it.
 """
 
 from __future__ import annotations
@@ -28,10 +32,16 @@ import pytest
 
 from kworkers.idempotency import SqliteStore
 from kworkers.testing import Broker
-from kworkers.testing.checker import FaultLog, Report, check, committed, read_log
+from kworkers.testing.checker import CommitSampler, FaultLog, Report, check, read_log
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.processes import WorkerProcess, keep_alive
 from kworkers.testing.workload import make_topic, produce_activities, unique
+from tests.apps.ledger_worker import COMPLETES
+from tests.faults.support import (
+    beyond_the_lease_limit,
+    killed_between_effect_and_complete,
+    store_url,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -44,11 +54,19 @@ class Scenario:
     name: str
     args: list[str]
     step: str
+    store: str = "sqlite"
     dir: Path = field(default=Path())
     topic: str = ""
     group: str = ""
+    prefix: str = "o"
     worker: WorkerProcess | None = None
     faults: FaultLog | None = None
+    commits: CommitSampler | None = None
+
+    @property
+    def key(self) -> str:
+        """The activity the kill point stops at (a prefix of its own on a shared store)."""
+        return f"{self.prefix}-7/a"
 
     def ledger(self) -> Ledger:
         if "txn" in self.args:
@@ -59,28 +77,35 @@ class Scenario:
         self.dir = tmp / self.name
         (self.dir / "markers").mkdir(parents=True)
         self.topic, self.group = make_topic(bs, unique(self.name), 1), unique("g")
-        produce_activities(bs, self.topic, N, "o", "a")
+        if self.store != "sqlite":  # a server shared between runs: keys of this run's own
+            self.prefix = unique("o")
+        produce_activities(bs, self.topic, N, self.prefix, "a")
         args = ["-m", "tests.apps.ledger_worker", bs, self.topic, self.group,
                 "--ledger", str(self.dir / "ledger.db"),
-                "--store", f"sqlite:///{self.dir}/store.db",
-                "--kill", f"{KEY}@{self.step}", "--markers", str(self.dir / "markers"),
+                "--store", store_url(self.store, self.dir),
+                "--kill", f"{self.key}@{self.step}", "--markers", str(self.dir / "markers"),
                 "--session-timeout-ms", "3000", "--lease-s", "2", *self.args]
         self.worker = WorkerProcess(args, self.dir, "worker", cwd=ROOT)
-        topic, group = self.topic, self.group
-        self.faults = FaultLog(lambda: committed(bs, group, topic))
+        self.commits = CommitSampler(bs, self.group, self.topic).start()
+        self.faults = FaultLog(self.commits.latest)
 
     def settled(self, bs: str) -> bool:
         """The kill fired, the restarted worker committed the whole topic."""
-        assert self.worker is not None and self.faults is not None
+        assert self.worker is not None and self.faults is not None and self.commits
         keep_alive([self.worker], self.faults)()
-        return bool(self.faults.faults) and committed(bs, self.group, self.topic) == {0: N}
+        return bool(self.faults.faults) and self.commits.sample().positions == {0: N}
 
     def judge(self, bs: str) -> Report:
-        assert self.worker is not None and self.faults is not None
+        assert self.worker is not None and self.faults is not None and self.commits
         assert self.worker.terminate() == 0, self.worker.log()[-3000:]
-        return check(self.ledger(), log=read_log(bs, self.topic),
-                     commits=[committed(bs, self.group, self.topic)],
+        return check(self.ledger(), log=read_log(bs, self.topic), commits=self.commits.stop(),
                      faults=self.faults.faults)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        if self.commits is not None:
+            self.commits.stop(final=False)
 
 
 SCENARIOS = [
@@ -89,6 +114,13 @@ SCENARIOS = [
     Scenario("lease-limit", ["--effect", "lease"], "after-effect"),
     Scenario("control-claim", ["--effect", "lease"], "after-complete"),
     Scenario("control-txn", ["--effect", "txn"], "after-effect"),
+    # the Redis kill loop's bound on duplicates (beyond_the_lease_limit), shown failing on a
+    # Redis claim that never deduplicates, and holding for the lease mode's own limit
+    Scenario("redis-claim-always-acquired", ["--effect", "lease", "--broken-claim",
+                                             "--complete-marks"], "after-complete",
+             store="redis"),
+    Scenario("redis-lease-limit", ["--effect", "lease", "--complete-marks"], "after-effect",
+             store="redis"),
 ]
 
 
@@ -106,8 +138,7 @@ def test_canaries_are_reported_and_controls_pass(kafka_broker: Broker, tmp_path:
         reports = {s.name: s.judge(bs) for s in SCENARIOS}
     finally:
         for s in SCENARIOS:
-            if s.worker is not None:
-                s.worker.close()
+            s.close()
     for name, r in reports.items():
         print(f"{name}: {r.summary()}")
 
@@ -122,6 +153,19 @@ def test_canaries_are_reported_and_controls_pass(kafka_broker: Broker, tmp_path:
     lease = reports["lease-limit"]
     assert lease.duplicates == {KEY: 2}, lease.summary()  # the lease mode's at-least-once limit
     assert not lease.ok
+
+    by_name = {s.name: s for s in SCENARIOS}
+    for name, allowed in (("redis-claim-always-acquired", False), ("redis-lease-limit", True)):
+        s, r = by_name[name], reports[name]
+        assert r.duplicates.get(s.key) == 2, f"{name}: {r.summary()}"
+        assert s.faults is not None
+        stopped = killed_between_effect_and_complete(
+            s.ledger().effects(), Ledger(s.dir / "ledger.db", table=COMPLETES).effects(),
+            {f.victim_pid for f in s.faults.faults if f.victim_pid is not None})
+        assert (s.key in stopped) is allowed, (name, stopped)
+        excess = beyond_the_lease_limit(r.duplicates, stopped)
+        assert (not excess) is allowed, f"{name}: {excess}"
+        assert not [f for f in r.failures() if not f.startswith("duplicates=")], r.summary()
 
     for name in ("control-claim", "control-txn"):
         ok = reports[name]

@@ -7,14 +7,18 @@ read_committed consumer, and the group's committed positions.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from kworkers.config import WorkerConfig
 from kworkers.idempotency import SqliteStore
 from kworkers.testing import Broker
-from kworkers.testing.checker import FaultLog, check, committed, read_log
+from kworkers.testing.checker import CommitSampler, FaultLog, check, committed, read_log
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.processes import WorkerProcess
 from kworkers.testing.workload import full_size, make_topic, produce_numbered, unique
@@ -35,42 +39,118 @@ def _ledger(tmp: Path) -> Ledger:
     return Ledger.on_store(SqliteStore(tmp / "store.db"))
 
 
-def test_sigterm_with_a_backlog_finishes_started_records_only(kafka_broker: Broker,
-                                                              tmp_path: Path) -> None:
-    parts = 6
-    bs = kafka_broker.bootstrap_servers
-    topic, group = make_topic(bs, unique("leave"), parts), unique("g")
-    total = full_size(30_000, 3000)
-    produce_numbered(bs, topic, total)
-    a = _worker("a", bs, topic, group, tmp_path, "--slow-ms", "20")
-    b = _worker("b", bs, topic, group, tmp_path, "--slow-ms", "1")
+#: small bounds, so that asserting them can fail: leave_bound() = drain + revoke = 4 s
+DRAIN_S, REVOKE_S = 2.0, 2.0
+#: each record's handler: longer than the signal takes to reach the poll thread (at most one
+#: poll, 0.1 s), so a lane starts at most one record between the signal and the halt
+SLOW_MS = 500
+PARTS = 6
+
+
+def _leave_bound() -> float:
+    """The longest a graceful stop may take, from the worker's own configuration."""
+    return WorkerConfig(topics=("t",), group_id="g", drain_timeout=DRAIN_S,
+                        revoke_timeout=REVOKE_S).leave_bound()
+
+
+def _runners() -> int:
+    """Lanes that can be running at the signal: one per partition, at most ``concurrency``."""
+    return min(WorkerConfig(topics=("t",), group_id="g").concurrency, PARTS)
+
+
+class Leave(NamedTuple):
+    exit_s: float
+    code: int
+    started_after: int
+    backlog: int
+    log: str
+
+
+def _sigterm_with_a_backlog(name: str, bs: str, topic: str, group: str, tmp: Path,
+                            *extra: str) -> Leave:
+    """Starts a slow worker on a backlog, SIGTERMs it once every lane is at work; when it
+    exited, and how many records it started after the signal (the ledger's deliveries)."""
+    a = _worker(name, bs, topic, group, tmp, "--slow-ms", str(SLOW_MS), "--drain-timeout",
+                str(DRAIN_S), "--revoke-timeout", str(REVOKE_S), *extra)
     try:
         a.start()
-        wait_for(lambda: _ledger(tmp_path).counts()[0] >= 20 * parts, 120, "A at work")
+        wait_for(lambda: _ledger(tmp).counts()[0] >= 2 * PARTS, 120, f"{name} at work")
+        assert a.proc is not None
         signalled = time.time()
-        assert a.terminate(60) == 0, a.log()[-3000:]
-        ledger = _ledger(tmp_path)
-        by_a = [d for d in ledger.deliveries() if d.pid == a.pid]
-        started_after = [d for d in by_a if d.at > signalled]
-        backlog = total - (len(by_a) - len(started_after))
-        # Records start until the signal reaches the poll thread (it runs between two polls,
-        # each up to 0.1 s) and halts the lanes; the fetched backlog is never worked through:
-        # before this fix the drain ran it down for drain_timeout (all of it, here).
+        a.proc.send_signal(signal.SIGTERM)
+        code = a.proc.wait(120)  # bounds a hang only; the bound asserted is leave_bound()
         exit_s = time.time() - signalled
-        assert len(started_after) < backlog // 10, (len(started_after), backlog)
-        b.start()
-        wait_for(lambda: len(_ledger(tmp_path).applications()) == total, 180, "B finished")
-        assert b.terminate(60) == 0, b.log()[-3000:]
-        report = check(_ledger(tmp_path), log=read_log(bs, topic),
-                       commits=[committed(bs, group, topic)])
-        print(f"fast leave: SIGTERM -> exit {exit_s:.2f}s, started after the signal "
-              f"{len(started_after)} of a backlog of {backlog}; {report.summary()}")
+        by_a = [d for d in _ledger(tmp).deliveries() if d.pid == a.pid]
+        after = sum(1 for d in by_a if d.at > signalled)
+        return Leave(exit_s, code, after, len(by_a) - after, a.log())
+    finally:
+        a.close()
+
+
+def test_sigterm_with_a_backlog_finishes_started_records_only(kafka_broker: Broker,
+                                                              tmp_path: Path) -> None:
+    """SIGTERM with a backlog: the worker exits within its configured leave bound, starts at
+    most one record per runner after the signal, and the next owner redelivers nothing it
+    started. Beside it, the canary (a drain that works the queue through, past its bound)
+    breaks both bounds."""
+    bs = kafka_broker.bootstrap_servers
+    total = full_size(30_000, 3000)
+    runs: dict[str, tuple[str, str, Path]] = {}
+    for name in ("a", "canary"):
+        topic, group = make_topic(bs, unique(f"leave-{name}"), PARTS), unique("g")
+        produce_numbered(bs, topic, total if name == "a" else 600)
+        (tmp_path / name).mkdir()
+        runs[name] = (topic, group, tmp_path / name)
+    got: dict[str, Leave | BaseException] = {}
+
+    def run(name: str, *extra: str) -> None:
+        try:
+            got[name] = _sigterm_with_a_backlog(name, bs, *runs[name], *extra)
+        except BaseException as exc:
+            got[name] = exc
+
+    threads = [threading.Thread(target=run, args=("a",)),
+               threading.Thread(target=run, args=("canary", "--canary", "slow-drain"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for leave in got.values():
+        if isinstance(leave, BaseException):
+            raise leave
+    a, canary = got["a"], got["canary"]
+    assert isinstance(a, Leave) and isinstance(canary, Leave)
+    bound, runners = _leave_bound(), _runners()
+    print(f"fast leave: SIGTERM -> exit {a.exit_s:.2f}s (bound {bound:.0f}s), started after "
+          f"the signal {a.started_after} (runners {runners}) of a backlog of "
+          f"{total - a.backlog}; canary: exit {canary.exit_s:.2f}s, started after "
+          f"{canary.started_after}")
+    assert a.code == 0, a.log[-3000:]
+    assert a.exit_s <= bound, (a.exit_s, bound)
+    # records start until the signal reaches the poll thread and halts the lanes: at most the
+    # one each runner picks up meanwhile; the fetched backlog is never worked through
+    assert a.started_after <= runners, (a.started_after, runners)
+    assert canary.code == 0, canary.log[-3000:]
+    assert canary.exit_s > bound and canary.started_after > runners, canary
+
+    topic, group, tmp = runs["a"]
+    b = _worker("b", bs, topic, group, tmp, "--slow-ms", "1")
+    try:
+        with CommitSampler(bs, group, topic) as commits:
+            b.start()
+            wait_for(lambda: len(_ledger(tmp).applications()) == total, 180, "B finished")
+            assert b.terminate(60) == 0, b.log()[-3000:]
+        report = check(_ledger(tmp), log=read_log(bs, topic), commits=commits.samples)
+        print(f"fast leave, the next owner: {report.summary()}")
         assert report.ok, report.summary()
         # no record whose handler started was started again by the next owner
         assert report.redeliveries == 0, report.summary()
     finally:
-        a.close()
         b.close()
+
+
+class LeaveBoundExceeded(AssertionError):
+    """The worker took longer to leave than its configuration's ``leave_bound()``."""
 
 
 def test_a_handler_slower_than_the_bound_is_left_and_absorbed_by_the_receiver(
@@ -78,14 +158,18 @@ def test_a_handler_slower_than_the_bound_is_left_and_absorbed_by_the_receiver(
     bs = kafka_broker.bootstrap_servers
     topic, group = make_topic(bs, unique("leave-bound"), 1), unique("g")
     produce_numbered(bs, topic, 30, keys=1)
-    # offset 5 applies its effect, then lingers far longer than the drain bound (2 s)
-    a = _worker("a", bs, topic, group, tmp_path, "--drain-timeout", "2", "--linger", "5:120")
+    # offset 5 applies its effect, then lingers far longer than the leave bound (4 s)
+    a = _worker("a", bs, topic, group, tmp_path, "--drain-timeout", str(DRAIN_S),
+                "--revoke-timeout", str(REVOKE_S), "--linger", "5:120")
     b = _worker("b", bs, topic, group, tmp_path)
-    faults = FaultLog(lambda: committed(bs, group, topic))
+    commits = CommitSampler(bs, group, topic).start()
+    faults = FaultLog(commits.latest)
     try:
         a.start()
         wait_for(lambda: len(_ledger(tmp_path).applications()) >= 6, 120, "offset 5 applied")
-        assert a.terminate(60) == 0, a.log()[-3000:]
+        signalled = time.monotonic()
+        assert a.terminate(60) == 0, a.log()[-3000:]  # 60 s bounds a hang only
+        exit_s = time.monotonic() - signalled
         # the stop did not wait for offset 5: it committed the finished records before it
         assert committed(bs, group, topic) == {0: 5}
         faults.record("SIGTERM a, offset 5 still running", victim_pid=a.pid)
@@ -93,12 +177,17 @@ def test_a_handler_slower_than_the_bound_is_left_and_absorbed_by_the_receiver(
         wait_for(lambda: len(_ledger(tmp_path).applications()) == 30, 120, "B finished")
         assert b.terminate(60) == 0, b.log()[-3000:]
         ledger = _ledger(tmp_path)
-        report = check(ledger, log=read_log(bs, topic), commits=[committed(bs, group, topic)],
+        report = check(ledger, log=read_log(bs, topic), commits=commits.stop(),
                        faults=faults.faults)
         assert report.ok, report.summary()  # the redelivery of 5 is explained by the stop
         at5 = [d for d in ledger.deliveries() if d.offset == 5]
         assert [d.pid for d in at5] == [a.pid, b.pid]  # redelivered to the next owner ...
         assert report.applications == 30 and report.dup == 0  # ... and absorbed: applied once
+        print(f"a handler slower than the bound: exit {exit_s:.2f}s, bound {_leave_bound()}s")
+        if exit_s > _leave_bound():
+            raise LeaveBoundExceeded(f"exit {exit_s:.2f}s after SIGTERM, leave_bound() "
+                                     f"{_leave_bound():.1f}s")
     finally:
+        commits.stop(final=False)
         a.close()
         b.close()

@@ -13,11 +13,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kworkers import Message, NonRetryableError, RetryPolicy, TierLadder, Worker
-from kworkers.consumer.kafka import producer_settings
-from kworkers.retry_tiers.producer import KafkaSender
+from kworkers.kafka.producer import KafkaSender
+from kworkers.kafka.settings import producer_settings
+from kworkers.metrics import MetricsServer
 from kworkers.testing import Broker
 from kworkers.testing.faults import FaultySender
 from kworkers.testing.workload import make_topic, produce_numbered, unique
+from tests.faults.support import metric_total
 from tests.integration.conftest import running, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -60,12 +62,17 @@ def test_unacknowledged_hand_off_holds_the_commit(kafka_broker: Broker, mode: st
             raise ConnectionError("transient")
         sink[i] += 1
 
+    server = MetricsServer(w.metrics, 0, "127.0.0.1").start()
+
+    def metric(name: str) -> float:  # what an operator's alert reads: /metrics over HTTP
+        return metric_total(server.port, name, group=group)
+
     with running(w):
         wait_for(lambda: sender.failed >= 3, 60, "hand-off failures")
 
-        wait_for(lambda: w.metrics.paused.labels(group)._value.get() >= 1, 60,
+        wait_for(lambda: metric("kworkers_paused_partitions") >= 1, 60,
                  "the stalled partition pauses")
-        assert w.metrics.handoff_blocked.labels(group)._value.get() >= 1  # the alert
+        assert metric("kworkers_handoff_blocked") >= 1  # the alert
         for _ in range(3):  # sample: the commit never passes the unacknowledged record
             assert _committed(bs, group, topic) <= bad
             threading.Event().wait(0.3)
@@ -73,6 +80,7 @@ def test_unacknowledged_hand_off_holds_the_commit(kafka_broker: Broker, mode: st
         outage.clear()
         wait_for(lambda: len(sink) >= total - (1 if dest == "dlq" else 0), 90, "all handled")
         wait_for(lambda: _committed(bs, group, topic) == total, 30, "committed to the end")
+    server.close()
     assert max(sink.values()) == 1
     expected = set(range(total)) - ({bad} if dest == "dlq" else set())
     assert set(sink) == expected

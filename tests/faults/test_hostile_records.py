@@ -34,11 +34,13 @@ import pytest
 from confluent_kafka import Producer
 
 from kworkers import Message, RetryPolicy, TierLadder, Worker
-from kworkers.admin import TopicSpec, admin_client, create_topics, delete_topics
 from kworkers.consumer import tier_gate
 from kworkers.consumer.partition import PartitionState, Poisoned
 from kworkers.dlq import redrive_plan
 from kworkers.dlq.redrive import redrive
+from kworkers.kafka.admin import admin_client, create_topics, delete_topics
+from kworkers.metrics import MetricsServer
+from kworkers.retry_tiers import tier_record
 from kworkers.retry_tiers.headers import dead_letter_headers, failure_of
 from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.routing import DeadLetterDecision
@@ -47,7 +49,8 @@ from kworkers.testing import Broker
 from kworkers.testing.checker import committed, read_log
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.workload import make_topic, unique
-from kworkers.topic_names import ledger_topic, retry_group
+from kworkers.topic_names import audit_topic, ledger_topic, retry_group
+from kworkers.topic_plan import TopicSpec
 from tests.faults.hostile import (
     ALWAYS,
     FAIL_ONCE,
@@ -55,9 +58,11 @@ from tests.faults.hostile import (
     POISON,
     Ends,
     Expect,
+    Verdict,
     dead_letters,
     handler,
     judge,
+    redrive_problems,
     stalled,
     topic_ends,
     until_clean,
@@ -65,6 +70,7 @@ from tests.faults.hostile import (
 )
 from tests.integration.conftest import run_to_end, running, wait_for
 from tests.integration.test_cli_support import cli
+from tests.integration.test_metrics_http import get
 from tests.tier_records import retry_record_headers
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -105,7 +111,7 @@ class Pipeline:
 
     @property
     def ours(self) -> set[str]:
-        return {self.src, *self.tiers, self.dlq, ledger_topic(self.dlq)}
+        return {self.src, *self.tiers, self.dlq, ledger_topic(self.dlq), audit_topic(self.dlq)}
 
     def worker(self, group: str, **kw: Any) -> Worker:
         w = Worker(topics=[self.src], group_id=group, bootstrap_servers=self.bs, retry=POLICY,
@@ -134,12 +140,31 @@ class Pipeline:
 
 @contextmanager
 def all_running(*workers: Worker) -> Iterator[None]:
+    """Runs the workers, each serving /healthz as ``kworkers run`` does; on the way out each
+    must answer 200 over HTTP (the worker itself is fine)."""
     with ExitStack() as stack:
+        servers = []
         for w in workers:
             stack.enter_context(running(w))
+            server = MetricsServer(w.metrics, 0, "127.0.0.1", ready=lambda w=w: w.ready,
+                                   fault=lambda w=w: w.fault).start()
+            stack.callback(server.close)
+            servers.append(server)
         yield
-        for w in workers:
-            assert w.fault is None, w.fault  # healthy: what /healthz reports
+        for server in servers:
+            status, body = get(server.port, "/healthz")
+            assert status == 200, body
+
+
+def settle(p: Pipeline, expects: list[Expect], groups: tuple[str, ...], timeout: float,
+           what: str) -> Verdict:
+    """Waits for the expectations to hold, then for every group to be committed past every
+    record (so each record was polled, and "skip" can no longer mean "not polled yet"), and
+    returns the verdict judged after that: the one to assert."""
+    until_clean(lambda: judge(expects, p.ledger, dead_letters(p.bs, p.dlq)).problems,
+                timeout, what)
+    until_clean(lambda: p.stalls(*groups), 60, f"committed past every record ({what})")
+    return judge(expects, p.ledger, dead_letters(p.bs, p.dlq))
 
 
 def forged(origin: str, group: str, tier: str, **over: bytes | None) -> H:
@@ -233,16 +258,19 @@ def test_hostile_records_and_their_redrive_stay_in_their_pipeline(
     before = p.snapshot()
     with all_running(wa, wb):
         expects = hostile_records(p, a, b)
-        until_clean(lambda: judge(expects, p.ledger, dead_letters(p.bs, p.dlq)).problems,
-                    120, "every hostile record handled, dead-lettered or skipped")
-        until_clean(lambda: p.stalls(a, b), 60, "committed past every record")
-        verdict = judge(expects, p.ledger, dead_letters(p.bs, p.dlq))
+        verdict = settle(p, expects, (a, b), 120,
+                         "every hostile record handled, dead-lettered or skipped")
+        assert not verdict.problems, verdict.problems[:10]
         assert not p.outside(before)
 
         # --- redrive, with dead letters forged straight into the DLQ
         origins = {f.original_topic for f in _dlq_failures(p)}
         assert origins <= {p.src, *p.tiers}, origins  # every dead letter names its own pipeline
         forged_dead = _forge_dead_letters(p, a)
+        # what the redrive must replay: every dead letter in the DLQ, but the forged one whose
+        # origin is the victim (refused) and the one that is no kworkers dead letter
+        to_replay = [f"{p.dlq}/{r.partition}/{r.offset}" for r in read_log(p.bs, p.dlq)
+                     if dict(r.headers).get("h-id") not in (b"f-victim", b"f-illegal")]
         before = p.snapshot()
         run = cli("dlq", "redrive", "-b", p.bs, "--dlq", p.dlq)
         assert run.returncode == 1, run.stdout + run.stderr  # something was refused
@@ -250,10 +278,12 @@ def test_hostile_records_and_their_redrive_stay_in_their_pipeline(
         assert run.stdout.strip().splitlines()[-1].split()[3] == "refused=1"
         assert "left 1 records that are not kworkers dead letters" in run.stdout
         replays = _replays(p, a, b)
-        assert len(replays) == verdict.dead + 1  # every agreeing dead letter, and "f-src"
-        until_clean(lambda: judge(replays, p.ledger, dead_letters(p.bs, p.dlq)).problems,
-                    90, "every replay handled or dead-lettered")
-        until_clean(lambda: p.stalls(a, b), 60, "committed past every replay")
+        assert len(to_replay) == verdict.dead + 1  # every agreeing dead letter, and "f-src"
+        # each exactly once, read back from the source topic
+        wrong = redrive_problems(to_replay, (e.redrive_of for e in replays))
+        assert not wrong, wrong[:10]
+        replayed = settle(p, replays, (a, b), 90, "every replay handled or dead-lettered")
+        assert not replayed.problems, replayed.problems[:10]
         assert not p.outside(before)
     assert forged_dead
     for t in p.victim_topics:  # read back: the victim's pipeline is empty
@@ -327,11 +357,9 @@ def test_random_hostile_records_stay_in_their_pipeline(kafka_broker: Broker,
     started = time.monotonic()
     with all_running(p.worker(a), p.worker(b)):
         expects = random_records(p, a, b, RANDOM_RECORDS, random.Random(seed))
-        until_clean(lambda: judge(expects, p.ledger, dead_letters(p.bs, p.dlq)).problems,
-                    120 + RANDOM_RECORDS / 10, "every random record handled, dead-lettered "
-                    "or skipped")
-        until_clean(lambda: p.stalls(a, b), 60, "committed past every record")
-        verdict = judge(expects, p.ledger, dead_letters(p.bs, p.dlq))
+        verdict = settle(p, expects, (a, b), 120 + RANDOM_RECORDS / 10,
+                         "every random record handled, dead-lettered or skipped")
+        assert not verdict.problems, verdict.problems[:10]
         assert not p.outside(before)
     for t in p.victim_topics:
         assert not any(read_log(p.bs, t, timeout=30).records.values()), t
@@ -379,6 +407,19 @@ def _replays(p: Pipeline, *groups: str) -> list[Expect]:
 # --- canaries: each check, shown failing against a variant that breaks its guarantee ---------
 
 
+def test_canary_a_redrive_count_that_matches_can_still_be_wrong() -> None:
+    """The redrive check compares replays per dead letter, not their number: one dead letter
+    replayed twice and another never has the right count and is caught."""
+    expected = ["d.dlq/0/1", "d.dlq/0/2"]
+    replays = ["d.dlq/0/1", "d.dlq/0/1"]
+    assert len(replays) == len(expected)  # what the count alone would have passed
+    assert redrive_problems(expected, replays) == [
+        "d.dlq/0/1: replayed 2 times, expected 1", "d.dlq/0/2: replayed 0 times, expected 1"]
+    assert redrive_problems(expected, ["d.dlq/0/2", "d.dlq/0/1"]) == []
+    assert redrive_problems(expected, [*expected, "x.dlq/0/9"]) == [
+        "x.dlq/0/9: replayed 1 times, never expected"]
+
+
 def _trusting_source_topic(self: FailureRouter, msg: Message) -> str:
     """The bug of issue 15: the destination named by the record's own headers."""
     try:
@@ -406,21 +447,26 @@ def test_canary_a_router_that_trusts_headers_writes_outside(
 
 def test_canary_a_gate_blind_to_kw_group_runs_another_groups_retries(
         kafka_broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = tier_gate.check_tier_record
+    real = tier_record.check_tier_record
 
     def blind(msg: Message, rules: TierRules, now: float) -> Any:
         mine = [(k, rules.group.encode() if k == "kw-group" else v) for k, v in msg.headers]
         return real(msg._replace(headers=tuple(mine)), rules, now)
 
-    monkeypatch.setattr(tier_gate, "check_tier_record", blind)
+    monkeypatch.setattr(tier_record, "check_tier_record", blind)  # what ``TierRules.check`` runs
     p = Pipeline(kafka_broker.bootstrap_servers, tmp_path, partitions=1)
     a, b = unique("ga"), unique("gb")
     with all_running(p.worker(a)):
-        p.send(p.tiers[0], "t0", OK, forged(p.src, b, p.tiers[0]))
+        # another group's retry, due in 3 s: until then "skip" holds only because the record
+        # was not polled yet, and a wait that stops at the first clean moment stops here
+        p.send(p.tiers[0], "t0", OK, forged(p.src, b, p.tiers[0],
+                                          kw_due_at=ms(time.time() + 3)))
         p.flush()
         theirs = [Expect("t0", {a: "skip"})]
-        wait_for(lambda: bool(judge(theirs, p.ledger, {}).problems), 60, "the canary")
-    assert "another group's record was run" in judge(theirs, p.ledger, {}).problems[0]
+        first = judge(theirs, p.ledger, {})
+        verdict = settle(p, theirs, (a,), 60, "the canary")
+    assert not first.problems, first.problems  # the first clean moment proves nothing ...
+    assert verdict.problems and "another group's record was run" in verdict.problems[0]
 
 
 def test_canary_a_gate_that_drops_what_it_cannot_read_stalls_and_loses(

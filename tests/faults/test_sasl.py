@@ -27,22 +27,24 @@ from confluent_kafka.admin import (
 )
 
 from kworkers import ConfigError, Message, RetryPolicy, TierLadder, Worker, WorkerConfig
-from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
 from kworkers.deploy import render
 from kworkers.errors import WorkerFailed
+from kworkers.kafka.admin import admin_client, create_topics, existing_topics
 from kworkers.testing.broker import broker_from_env, free_port
 from kworkers.testing.checker import committed
 from kworkers.testing.workload import (
-    committed_total,
     make_topic,
     produce_numbered,
     read_all,
     unique,
 )
+from kworkers.topic_plan import TopicSpec
+from tests.faults.test_security import committed_total_now
 from tests.integration.conftest import run_to_end, running, wait_for
 from tests.integration.test_cli_support import DeadLetters, make_dead_letters
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
 ROOT = str(Path(__file__).resolve().parents[2])
 SECRET = "alice-s3cret-value"
 WRONG = "definitely-wrong-pass"
@@ -245,16 +247,18 @@ def test_the_rendered_deployment_reaches_a_sasl_cluster(sasl_cluster: SaslCluste
     for name in (*config.tier_topics(), *config.dlq_topics()):
         make_topic(plain, name, 2)
     produce_numbered(plain, topic, 20)
+    # SASL over plaintext is this listener's whole point: asked for explicitly, as render
+    # refuses it otherwise; the pod runs on this machine, so its loopback address is the broker
     files = render(config, image="kworkers/worker:test", app="orders", partitions=2,
                    module="kworkers.deploy.example:worker", metrics_port=free_port(),
-                   sasl_secret="orders-kafka-sasl")
+                   sasl_secret="orders-kafka-sasl", plaintext_sasl=True, allow_loopback=True)
     command, env = _pod(files, {"username": "alice", "password": SECRET})
     assert command[:2] == ["kworkers", "run"] and "KWORKERS_SASL_PASSWORD" in env
 
     pod = _start_pod(command, env)
     try:
         wait_for(lambda: pod.poll() is not None
-                 or committed_total(plain, config.group_id, topic, 2) == 20, 120,
+                 or committed_total_now(plain, config.group_id, topic, 2) == 20, 120,
                  "the pod to consume and commit all 20 records")
         assert pod.poll() is None, pod.communicate()[1][-3000:]
     finally:
@@ -264,7 +268,7 @@ def test_the_rendered_deployment_reaches_a_sasl_cluster(sasl_cluster: SaslCluste
     assert pod.returncode == 0, err[-3000:]
     assert SECRET not in _out + err
     # read back through the plain listener: every record committed by the pod's group
-    assert committed_total(plain, config.group_id, topic, 2) == 20
+    assert committed_total_now(plain, config.group_id, topic, 2) == 20
 
     # canaries: the same pod without the Secret's variables, or with a wrong password, fails
     # in one line and never starts consuming

@@ -12,7 +12,10 @@ What must hold (``_judge``):
 - each effect once (the idempotency receiver absorbs redeliveries);
 - a killed process's unfinished records were delivered again (to another process, or dead-
   lettered at the delivery limit), and a record delivered more than once shows a delivery count
-  that grew with each delivery;
+  that grew with each delivery (counted before the receiver, by a test instrument);
+- a kill certainly mid-handler (a kill point) brings its record back to another member with a
+  delivery count of 2 or more, and the DLQ holds only what the delivery-limit rule can put
+  there, each dead letter read back as ``DeliveryLimitReached``;
 - a record that kills every worker goes to the DLQ before its deliveries run out
   (``share.delivery.count.limit``; the last two are kept for the dead letter) instead of being
   archived by the broker.
@@ -50,6 +53,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
 LIMIT = 5  # the broker's default
 CRASH = "7"
+#: the record whose first delivery SIGKILLs its worker (once): a kill certainly mid-handler
+CERTAIN = "400"
 #: a canary run is over once nothing moved for this long after its restart
 QUIET_S = 6.0
 
@@ -107,13 +112,26 @@ def _dlq(bs: str, topic: str) -> dict[str, bytes]:
 
 def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
            victims: list[tuple[int, float]], faults: list[Fault],
-           crash_keys: set[str], broker_down: Sequence[tuple[float, float]] = ()) -> list[str]:
+           crash_keys: set[str], broker_down: Sequence[tuple[float, float]] = (),
+           limit: int = LIMIT) -> list[str]:
     """What went wrong, if anything (see the module docstring). ``faults``: what the test did
     (each recorded just *before* it happened); a record killing its own worker (``crash_keys``)
     is a fault at each of its deliveries. ``broker_down``: (from, to) of each broker restart:
     the broker does not keep the delivery count of records in flight across a restart (they
-    come back with count 1, measured), so a count may start again across one."""
+    come back with count 1, measured), so a count may start again across one. ``limit``: the
+    group's delivery limit, which bounds the DLQ (a dead-lettered record leaves ``expected``,
+    so without a bound a worker that dead-letters everything would pass)."""
     wrong: list[str] = []
+    # The DLQ, bounded by the delivery-limit rule: a record is dead-lettered unrun once
+    # limit - 2 of its deliveries ended unacknowledged, and in these runs only a member's death
+    # ends one so (handlers never outlast their lock, nothing is released before the stop, a
+    # broker restart sets counts back to 1). Every dead letter must be that, read back as
+    # DeliveryLimitReached; with fewer deaths than limit - 2 there can be none.
+    other = {k: why for k, why in dlq.items() if why != b"DeliveryLimitReached"}
+    if other:
+        wrong.append(f"dead letters not at the delivery limit: {dict(list(other.items())[:5])}")
+    if dlq and len(victims) < limit - 2:
+        wrong.append(f"{len(dlq)} dead letters from {len(victims)} deaths (limit {limit})")
     applied = ledger.applications()
     deliveries = [d for d in ledger.deliveries() if d.topic == log.topic]
     faults = faults + [Fault(d.at, {}, f"{d.key} killed pid {d.pid}", None)
@@ -155,8 +173,11 @@ def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
 def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_once(
         fault_broker: Broker, tmp_path: Path) -> None:
     """Steady production until the end; full size: the record that kills its worker first,
-    until it is in the DLQ; then SIGKILLs mid-handler; then a broker restart with records in
-    flight; full size: more kills after the restart. (At CI size the crash-looping record runs
+    until it is in the DLQ; then a certain kill (the worker given record CERTAIN SIGKILLs
+    itself in its handler, once) whose record must come back to another member with its
+    delivery count raised, then random SIGKILLs; then a broker restart with records in
+    flight; full size: more kills after the restart. The DLQ is bounded by the delivery-limit
+    rule (none at CI size, where too few members die). (At CI size the crash-looping record runs
     in ``test_canaries_are_caught``, beside its canary.)
 
     The order is for CI's clock: a member that dies soon after a broker restart keeps its
@@ -166,14 +187,17 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
     bs = fault_broker.bootstrap_servers
     topic, group = make_topic(bs, unique("skill"), 2), unique("g")
     _limit(bs, group, LIMIT)
-    kills = full_size(12, 2)
+    kills = full_size(12, 2)  # the certain kill, then random ones
     after_restart = full_size(6, 0)
     rnd = random.Random(7)
     store = SqliteStore(tmp_path / "store.db")
     ledger = Ledger.on_store(store)
     counts = Ledger(tmp_path / "dc.db", table="share_dc")
     crash = {CRASH} if full_size(1, 0) else set()
-    pool = Pool(3, bs, topic, group, tmp_path, "--slow-ms", "3",
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    pool = Pool(3, bs, topic, group, tmp_path, "--slow-ms", "3", "--markers", str(markers),
+                "--kill", f"{CERTAIN}@before-effect",
                 *(["--crash-key", CRASH] if crash else []))
     faults = FaultLog(lambda: {})
     broker_down: list[tuple[float, float]] = []
@@ -204,13 +228,28 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
         pool.tick()
         time.sleep(rnd.uniform(0.0, 1.0))
 
+    marker = markers / f"killed-{CERTAIN}"
+
+    def certain_redelivered() -> bool:
+        """The record the kill point stopped was delivered to another member, counted 2+."""
+        if not marker.exists():
+            return False
+        victim = int(marker.read_text() or 0)
+        return any(e.key == CERTAIN and e.pid != victim and int(e.note) >= 2
+                   for e in counts.effects())
+
     try:
         pool.tick()
         producer.start()
         pool.wait(lambda: ledger.counts()[1] > 0, 90, "first effects")
         if crash:
             pool.wait(lambda: CRASH in read_dlq(), 120, "the crash-looping record in the DLQ")
-        for _ in range(kills - after_restart):
+        # the certain kill: the worker given CERTAIN dies in its handler; before the broker
+        # restart (which resets delivery counts), the record must reach another member with
+        # its delivery count raised
+        pool.wait(certain_redelivered, 120, f"{CERTAIN} delivered again with count >= 2",
+                  lambda: f"(kill point fired: {marker.exists()})")
+        for _ in range(kills - 1 - after_restart):
             kill()
         progress(100, "progress before the broker restart")
         down = faults.record("broker restart").at
@@ -234,26 +273,16 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
         pool.stop()
         log = read_log(bs, topic)
         assert len(log) == total
-        wrong = _judge(ledger, counts, log, dlq, pool.victims, faults.faults, crash,
-                       broker_down)
+        dlq = _dlq(bs, topic)
+        # the certain kill is a fault at its delivery (as the crash-looping record's are)
+        wrong = _judge(ledger, counts, log, dlq, pool.victims, faults.faults,
+                       crash | {CERTAIN}, broker_down)
         limit_hit = sorted(k for k, why in dlq.items() if why == b"DeliveryLimitReached")
         print(f"records {total}, faults {len(faults.faults)}, deaths {len(pool.victims)}, "
-              f"dead-lettered at the delivery limit {len(limit_hit)} (handler runs: "
-              f"{sum(1 for e in counts.effects() if e.key in set(limit_hit))})")
+              f"dead-lettered {len(dlq)}, at the delivery limit {len(limit_hit)} (handler "
+              f"runs: {sum(1 for e in counts.effects() if e.key in set(limit_hit))})")
         assert not wrong, wrong[:10]
-        # kills landed on work in flight: records were delivered again (ledger, by key) ...
-        mine = [d for d in ledger.deliveries() if d.topic == topic and d.key not in crash]
-        seen: dict[str, list[float]] = {}
-        for d in mine:
-            seen.setdefault(d.key, []).append(d.at)
-        again = {k: sorted(ats)[1:] for k, ats in seen.items() if len(ats) > 1}
-        assert again, "no kill landed on work in flight: nothing was delivered again"
-        # ... and the broker counted them, except across a restart, which resets the count of
-        # records in flight to 1 (measured; docs/SHARE_GROUPS.md): if no count above 1 was
-        # seen, every later delivery must have come after the restart began
-        restart_at = min((down for down, _up in broker_down), default=float("inf"))
-        counted = any(int(e.note) > 1 for e in counts.effects() if e.key not in crash)
-        assert counted or all(at >= restart_at for ats in again.values() for at in ats), again
+        assert marker.exists() and certain_redelivered()
         assert len(pool.victims) >= kills + (LIMIT - 2 if crash else 0)
         if crash:
             # the record that kills its worker ran until the two deliveries kept for the dead
@@ -272,6 +301,8 @@ CANARIES = {
     "accept-early": (["--canary", "accept-early", "--kill", "3@before-effect"], 5, "missing="),
     "no-last-delivery": (["--canary", "no-last-delivery", "--crash-key", "3"], 2, "missing="),
     "no-receiver": (["--canary", "no-receiver", "--kill", "3@after-effect"], 5, "duplicates="),
+    "dead-letter-all": (["--canary", "dead-letter-all", "--kill", "3@before-effect"], 5,
+                        "dead letters not at the delivery limit"),
 }
 #: the unbroken app under the no-last-delivery canary's conditions: the check passes
 CONTROL = "last-delivery"
@@ -304,7 +335,8 @@ def _canary(canary: str, bs: str, tmp: Path) -> tuple[list[str], dict[str, bytes
         pool.wait(quiet, 120, f"{canary}: the run to settle")
         pool.stop()
         dlq = _dlq(bs, topic)
-        return _judge(ledger, counts, read_log(bs, topic), dlq, pool.victims, [], {"3"}), dlq
+        return _judge(ledger, counts, read_log(bs, topic), dlq, pool.victims, [], {"3"},
+                      limit=limit), dlq
     finally:
         pool.close()
 
@@ -316,13 +348,15 @@ def test_canaries_are_caught(kafka_broker: Broker, tmp_path: Path) -> None:
     - no-last-delivery: the record that kills its worker runs on its last delivery, kills it
       again, and the broker archives it: neither effected nor in the DLQ;
     - no-receiver: a record killed after its effect is delivered again and, without the
-      store's transaction, applied twice.
+      store's transaction, applied twice;
+    - dead-letter-all: every record dead-lettered (its "failure"), which drops it from what
+      must be effected: the DLQ's bound by the delivery-limit rule catches it.
 
     Beside them runs the control: the unbroken app where no-last-delivery's record kills its
     worker (limit 2, the record's first delivery kills): the record is dead-lettered as
     ``DeliveryLimitReached`` on its last delivery, unrun, and the same judge finds nothing.
 
-    The four run side by side (each its own topic, group and process) to keep CI short.
+    The five run side by side (each its own topic, group and process) to keep CI short.
     """
     bs = kafka_broker.bootstrap_servers
     found: dict[str, tuple[list[str], dict[str, bytes]] | BaseException] = {}

@@ -21,7 +21,7 @@ import pytest
 
 from kworkers.idempotency import SqliteStore
 from kworkers.testing import Broker
-from kworkers.testing.checker import FaultLog, check, committed, read_log
+from kworkers.testing.checker import CommitSampler, FaultLog, check, committed, read_log
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.processes import WorkerProcess, keep_alive
 from kworkers.testing.workload import full_size, make_topic, produce_steady, unique
@@ -46,34 +46,47 @@ def test_rolling_sigterm_redelivers_nothing(kafka_broker: Broker, tmp_path: Path
     workers = _workers(3, bs, topic, group, tmp_path, "--ledger", str(tmp_path / "ledger.db"),
                        "--effect", "plain", "--slow-ms", "1")
     producer = threading.Thread(target=produce_steady, args=(bs, topic, total, 300), daemon=True)
-    commits: list[dict[int, int]] = []
+    commits = CommitSampler(bs, group, topic).start()  # read back throughout the run
     try:
         for w in workers:
             w.start()
         producer.start()
-        wait_for(lambda: ledger.counts()[1] > 0, 90, "first effects")
+        # the bounces start once the group has formed: every worker runs records and every
+        # partition has a committed position. A member stopped while the group is still
+        # forming can have its revoke and drain commits refused or left unanswered by the
+        # rebalance in progress (the classic protocol's known limit, docs/RELIABILITY.md):
+        # seen once in CI, 465 records of the first second run again
+        def formed() -> bool:
+            if len({d.pid for d in ledger.deliveries()}) < len(workers):
+                return False
+            positions = committed(bs, group, topic)
+            return len(positions) == PARTS and all(p >= 0 for p in positions.values())
+
+        wait_for(formed, 90, "the group formed, every partition committed")
         for bounce in range(5):
             w = workers[bounce % len(workers)]
             before = ledger.counts()[1]
             wait_for(lambda b=before: ledger.counts()[1] > b + 50, 90, "progress")  # type: ignore[misc]
             assert w.terminate() == 0, w.log()[-3000:]
-            commits.append(committed(bs, group, topic))
+            commits.sample()
             w.start()
         producer.join(120)
-        wait_for(lambda: ledger.counts()[1] >= total, 180, "all effects")
+        # distinct keys, not rows: duplicates must not end the wait before every record ran
+        wait_for(lambda: len(ledger.applications()) >= total, 180, "all effects")
         for w in workers:
             assert w.terminate() == 0, w.log()[-3000:]
-        commits.append(committed(bs, group, topic))
-        report = check(ledger, log=read_log(bs, topic), commits=commits)
-        print(report.summary())
+        samples = commits.stop()
+        report = check(ledger, log=read_log(bs, topic), commits=samples)
+        print(report.summary(), f"sampler gaps {commits.gaps}")
         # plain effects, no receiver: only a redelivery could apply one twice, and a clean
         # bounce must cause none (any redelivery is "unexplained": no fault was recorded)
         assert report.ok, report.summary()
         assert report.redeliveries == 0, report.summary()
         assert report.expected == total
         # after the last clean stop the committed position is exactly the end of the topic
-        assert sum(commits[-1].values()) == total
+        assert sum(samples[-1].positions.values()) == total
     finally:
+        commits.stop(final=False)
         for w in workers:
             w.close()
 
@@ -91,7 +104,8 @@ def test_sigkill_mid_batch_loses_nothing_and_redelivers_only_uncommitted(
     workers = _workers(3, bs, topic, group, tmp_path, "--store", store, "--effect", "txn",
                        "--slow-ms", "2")
     producer = threading.Thread(target=produce_steady, args=(bs, topic, total, 300), daemon=True)
-    faults = FaultLog(lambda: committed(bs, group, topic))
+    commits = CommitSampler(bs, group, topic).start()  # read back throughout the run
+    faults = FaultLog(commits.latest)
     tick = keep_alive(workers, faults)
     try:
         tick()
@@ -100,25 +114,28 @@ def test_sigkill_mid_batch_loses_nothing_and_redelivers_only_uncommitted(
         for _ in range(kills):
             before = ledger.counts()[0]
             wait_for(lambda b=before: ledger.counts()[0] > b + 100, 90, "progress")  # type: ignore[misc]
-            rnd.choice(workers).kill()
+            # the victim: a worker with work in flight (whoever started the latest record),
+            # so a kill certainly lands on uncommitted work whichever member joined first
+            busy = max(ledger.deliveries(), key=lambda d: d.at).pid
+            victims = [w for w in workers if w.pid == busy] or workers
+            rnd.choice(victims).kill()
             tick()  # records the kill with the floors of this moment, restarts the victim
             time.sleep(rnd.uniform(0.0, 1.0))
         producer.join(120)
         wait_for(lambda: ledger.counts()[1] >= total, 240, "all effects")
         for w in workers:
             assert w.terminate() == 0, w.log()[-3000:]
-        final = committed(bs, group, topic)
-        report = check(ledger, log=read_log(bs, topic),
-                       commits=[f.floors for f in faults.faults] + [final],
-                       faults=faults.faults)
-        print(report.summary())
-        # lost, duplicates, skipped, non-monotonic, redeliveries below a kill's floor, and
-        # uncommitted work of a killed process that nobody was given again
+        samples = commits.stop()
+        report = check(ledger, log=read_log(bs, topic), commits=samples, faults=faults.faults)
+        print(report.summary(), f"sampler gaps {commits.gaps}")
+        # lost, duplicates, skipped, non-monotonic, committed work run again, redeliveries
+        # below a kill's floor, and uncommitted work of a killed process nobody was given again
         assert report.ok, report.summary()
         assert report.faults == kills
         assert report.redeliveries > 0, "no kill landed on uncommitted work"
-        assert sum(final.values()) == total
+        assert sum(samples[-1].positions.values()) == total
     finally:
+        commits.stop(final=False)
         for w in workers:
             w.close()
 

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIRED: dict[str, tuple[str, ...]] = {
     "peers": ("raw_mps", "kworkers_mps", "kworkers_inline_mps", "kworkers_async_mps",
               "kworkers_batch_mps", "read_ahead", "short_commits"),
+    "eos": ("raw_eos_mps", "kworkers_alo_mps", "kworkers_eos_mps", "ratio_alo",
+            "short_commits"),
     "throughput": ("ratio", "raw_mps", "kworkers_mps", "read_ahead", "read_ahead_defaults",
                    "short_commits"),
     "slow_io": ("ratio", "violations"),
@@ -39,9 +41,13 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "soak": ("rss_growth_mb",),
     "storm": ("handoff_mps", "noop_mps", "ratio", "recovery_s", "peak_rss_mb"),
     "leave": ("exit_s_classic", "exit_s_consumer", "moved_s_classic", "moved_s_consumer"),
+    "pace": ("noop_mps", "ratio_replica", "ratio_pool_pg"),
+    "handoff_cpu": ("noop_us", "fail_us", "cpu_ratio", "contention"),
+    "schedule": ("early", "p99_ms", "schedule_per_s", "delivered"),
 }
 # Sides that cannot run in smoke mode; their RESULT value is "n/a".
-NOT_IN_SMOKE = {"peers": ("quix_mps", "arroyo_mps", "faststream_mps", "faststream_batch_mps")}
+NOT_IN_SMOKE = {"peers": ("quix_mps", "arroyo_mps", "faststream_mps", "faststream_batch_mps"),
+                "eos": ("quix_eos_mps", "quix_alo_mps", "ratio_quix")}
 
 
 def result_line(name: str, stdout: str) -> dict[str, str]:

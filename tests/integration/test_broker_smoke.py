@@ -9,8 +9,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from kworkers.admin import TopicSpec, admin_client, create_topics, existing_topics
+from kworkers.kafka.admin import admin_client, create_topics, existing_topics
 from kworkers.testing import Broker
+from kworkers.topic_plan import TopicSpec
 
 pytestmark = pytest.mark.integration
 

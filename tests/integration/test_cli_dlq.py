@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from kworkers import Message, TierLadder, Worker
-from kworkers.admin import admin_client, existing_topics
 from kworkers.dlq.reader import read_dlq
 from kworkers.dlq.redrive import CRASH_EXIT_CODE
+from kworkers.kafka.admin import admin_client, existing_topics
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, read_all, unique
 from kworkers.topic_names import ledger_topic
@@ -105,6 +105,34 @@ def test_unknown_dlq(kafka_broker: Broker, args: list[str], needle: str) -> None
     assert needle in one_error_line(p)
 
 
+def test_what_is_not_a_dlq_is_refused(kafka_broker: Broker, dead: DeadLetters) -> None:
+    """A retry tier, a source topic and a ledger are not DLQs: `dlq list` and `dlq redrive`
+    (dry run or not) exit 2 with one line naming the DLQ to use, and no topic appears (a
+    redrive of a tier used to exit 0 and leave `<tier>.redriven` behind)."""
+    bs = kafka_broker.bootstrap_servers
+    tier = f"{dead.topic}.retry.250ms"
+    before = existing_topics(admin_client(bs))
+    assert {tier, dead.topic, dead.dlq} <= set(before)
+    cases = [
+        (["dlq", "redrive", "--dlq", tier], f"'{tier}' is a retry tier of '{dead.topic}', "
+                                            f"not a DLQ; its DLQ is '{dead.dlq}'"),
+        (["dlq", "redrive", "--dlq", tier, "--dry-run"], "is a retry tier"),
+        (["dlq", "redrive", "--dlq", dead.topic, "--dry-run"],
+         f"'{dead.topic}' is not a DLQ (a DLQ is named <source>.dlq); the DLQ of "
+         f"'{dead.topic}' is '{dead.dlq}'"),
+        (["dlq", "redrive", "--dlq", dead.topic], "is not a DLQ"),
+        (["dlq", "list", "--dlq", dead.topic], "is not a DLQ"),
+        (["dlq", "list", "--dlq", tier, "--json"], "is a retry tier"),
+        (["dlq", "redrive", "--dlq", ledger_topic(dead.dlq)], "is a redrive ledger, not a DLQ"),
+    ]
+    for args, needle in cases:
+        p = cli(*args, "-b", bs)
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
+        assert needle in one_error_line(p), args
+        assert p.stdout == "", args
+    assert existing_topics(admin_client(bs)) == before  # no ledger, nothing created
+
+
 def test_show_bad_coordinates(kafka_broker: Broker, dead: DeadLetters) -> None:
     bs = kafka_broker.bootstrap_servers
     p = cli("dlq", "show", "-b", bs, "--dlq", dead.dlq, "-p", "0", "-o", "999")
@@ -118,13 +146,37 @@ def test_show_bad_coordinates(kafka_broker: Broker, dead: DeadLetters) -> None:
     assert "target topic 'no-such-target' does not exist" in one_error_line(p)
 
 
-def test_redrive_filtered_subset_then_the_rest_each_once(kafka_broker: Broker) -> None:
+def _here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``kworkers ARGS`` in this process (for checks of output only: a subprocess costs two
+    seconds); its stdout, asserting exit status 0."""
+    from kworkers.cli import run_cli
+
+    capsys.readouterr()
+    code = run_cli(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_redrive_filtered_subset_then_the_rest_each_once(kafka_broker: Broker,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
     bs = kafka_broker.bootstrap_servers
     d = make_dead_letters(bs)
     dry = cli("dlq", "redrive", "-b", bs, "--dlq", d.dlq, "--error-type", "Malformed",
               "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "would_redrive=2" in dry.stdout
+    # the dry run lists each replay: the dead letter, its key and error, where it goes
+    rows = {(x.key or b"").decode(): {"dlq_partition": x.dlq_partition,
+                                      "dlq_offset": x.dlq_offset,
+                                      "original_partition": x.original_partition}
+            for x in read_dlq(bs, d.dlq).dead_letters}
+    listed = [line for line in dry.stdout.splitlines() if line.startswith("would replay ")
+              and " key=" in line]
+    assert sorted(listed) == sorted(
+        f"would replay {d.dlq}/{rows[k]['dlq_partition']}@{rows[k]['dlq_offset']} key={k} "
+        f"error=Malformed -> {d.topic}/{rows[k]['original_partition']}" for k in ("k0", "k6"))
     assert _summary(dry.stdout) == {"redriven": 0, "skipped_already": 0, "selected": 2}
     assert ledger_topic(d.dlq) not in existing_topics(admin_client(bs))  # changed nothing
     assert _replays(bs, d.topic) == Counter()
@@ -143,6 +195,23 @@ def test_redrive_filtered_subset_then_the_rest_each_once(kafka_broker: Broker) -
 
     again = cli("dlq", "redrive", "-b", bs, "--dlq", d.dlq, "--error-type", "Malformed")
     assert _summary(again.stdout) == {"redriven": 0, "skipped_already": 2, "selected": 2}
+
+    # list and show say which were redriven, and where to; --pending, filters and --limit
+    listed = [json.loads(line) for line in _here(capsys, "dlq", "list", "-b", bs, "--dlq",
+                                                 d.dlq, "--json").splitlines()]
+    assert {r["key"]: r["redriven_to"] for r in listed} == {
+        "k0": f"{d.topic}/{rows['k0']['original_partition']}",
+        "k6": f"{d.topic}/{rows['k6']['original_partition']}", "k3": None, "k9": None}
+    assert all(r["redriven_at"] for r in listed if r["key"] in ("k0", "k6"))
+    some = _here(capsys, "dlq", "list", "-b", bs, "--dlq", d.dlq, "--pending", "--limit", "1")
+    assert "2 dead letters match (of 4), 0 redriven; 1 shown (--limit 1)" in some
+    assert ("k3" in some) != ("k9" in some) and "k0" not in some and "k6" not in some
+    assert any("redriven" in line and "error type" in line for line in some.splitlines())
+    k0 = rows["k0"]
+    shown = _here(capsys, "dlq", "show", "-b", bs, "--dlq", d.dlq, "-p",
+                  str(k0["dlq_partition"]), "-o", str(k0["dlq_offset"]))
+    assert f" to {d.topic}/{k0['original_partition']}" in next(
+        line for line in shown.splitlines() if line.startswith("  redriven: "))
 
     rest = cli("dlq", "redrive", "-b", bs, "--dlq", d.dlq, "--rate", "50/s")
     assert rest.returncode == 0, rest.stderr

@@ -2,10 +2,14 @@
 
 Layout (hand-worked expectations below):
     T/0: 10 records, G committed 3          -> lag 7
-    T/1:  4 records, G never committed      -> lag 1 (latest), 4 (earliest), 0 (scale to zero)
+    T/1:  4 records, G never committed      -> lag 4 (earliest, the default), 1 (latest),
+                                               0 (scale to zero)
     T.retry.1s/0: 2 due + 5 waiting, G.retry committed 1 -> lag 6, waiting 5, due 1
-    T.retry.1s/1: 3 waiting, G.retry never committed -> lag 1 (latest) of which 1 waiting,
-                                                        lag 3 (earliest), all waiting
+    T.retry.1s/1: 3 waiting, G.retry never committed -> lag 3 (earliest), all waiting;
+                                                        lag 1 (latest) of which 1 waiting
+
+The default policy is ``earliest``, what ``kworkers deploy render`` writes in the ScaledObject:
+an empty partition never committed on is lag 0 then, so empty retry tiers are not due retries.
 """
 
 from __future__ import annotations
@@ -66,15 +70,15 @@ def test_lag_as_keda_counts_it(kafka_broker: Broker, layout: tuple[str, str]) ->
     t, g = layout
     got = _lag(bs, "--group", g, "--topic", t)
     assert _by_partition(got["partitions"]) == {0: (3, 10, 7, None, None),
-                                                1: (None, 4, 1, None, None)}
-    assert got["lag"] == 8
+                                                1: (None, 4, 4, None, None)}
+    assert got["lag"] == 11  # 7 + the whole of partition 1
     assert got["retry_group"] == f"{g}.retry"
-    assert _by_partition(got["retry_partitions"]) == {0: (1, 7, 6, 5, 1), 1: (None, 3, 1, 1, 0)}
-    assert (got["retry_lag"], got["retry_waiting"], got["retry_truncated"]) == (7, 6, False)
+    assert _by_partition(got["retry_partitions"]) == {0: (1, 7, 6, 5, 1), 1: (None, 3, 3, 3, 0)}
+    assert (got["retry_lag"], got["retry_waiting"], got["retry_truncated"]) == (9, 8, False)
 
-    earliest = _lag(bs, "--group", g, "--topic", t, "--offset-reset-policy", "earliest")
-    assert earliest["lag"] == 11  # 7 + the whole of partition 1
-    assert _by_partition(earliest["retry_partitions"])[1] == (None, 3, 3, 3, 0)
+    latest = _lag(bs, "--group", g, "--topic", t, "--offset-reset-policy", "latest")
+    assert latest["lag"] == 8  # KEDA's own default: 1 for the partition never committed on
+    assert _by_partition(latest["retry_partitions"])[1] == (None, 3, 1, 1, 0)
 
     zero = _lag(bs, "--group", g, "--topic", t, "--scale-to-zero-on-invalid-offset")
     assert zero["lag"] == 7
@@ -85,7 +89,7 @@ def test_topics_default_to_the_committed_ones(kafka_broker: Broker,
     t, g = layout
     got = _lag(kafka_broker.bootstrap_servers, "--group", g)
     assert {r["topic"] for r in got["partitions"]} == {t}
-    assert got["lag"] == 8
+    assert got["lag"] == 11
 
 
 def test_waiting_scan_is_bounded(kafka_broker: Broker, layout: tuple[str, str]) -> None:
@@ -101,9 +105,49 @@ def test_table_output(kafka_broker: Broker, layout: tuple[str, str]) -> None:
     t, g = layout
     p = cli("lag", "-b", kafka_broker.bootstrap_servers, "--group", g, "--topic", t)
     assert p.returncode == 0, p.stderr
-    assert f"lag group={g} total=8" in p.stdout
-    assert f"retry group={g}.retry lag=7 waiting=6 due=1" in p.stdout
+    assert f"lag group={g} total=11" in p.stdout
+    assert f"retry group={g}.retry lag=9 waiting=8 due=1" in p.stdout
     assert "what KEDA scales on" in p.stdout
+
+
+def test_empty_tiers_are_not_due_retries(kafka_broker: Broker) -> None:
+    """A pipeline where nothing failed yet: the source partitions are caught up or empty, the
+    tiers empty and never committed on. ``kworkers lag`` and the console (the same reading and
+    KEDA's calculator) say 0 everywhere, and KEDA would scale to zero, as the rendered
+    ScaledObject (``offsetResetPolicy: earliest``) does. Under ``latest`` every such partition
+    counted 1: ``lag=N due=N`` with nothing to run."""
+    from kworkers.console.groups import group_view
+    from kworkers.console.settings import ConsoleSettings
+    from kworkers.kafka.settings import ClientSettings
+
+    bs = kafka_broker.bootstrap_servers
+    t, g = unique("idle"), unique("g")
+    made = cli("topics", "create", "-b", bs, "-t", t, "--partitions", "3", "--tiers", "1s,5s")
+    assert made.returncode == 0, made.stderr
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True})
+    p.produce(t, value=b"x", partition=0)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": bs, "group.id": g, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(t, 0, 1)], asynchronous=False)  # caught up on 0 only
+    c.close()
+
+    got = _lag(bs, "--group", g, "--topic", t)
+    assert [r["lag"] for r in got["partitions"]] == [0, 0, 0]
+    assert len(got["retry_partitions"]) == 6  # two tiers of three partitions, all read
+    assert {(r["latest"], r["committed"], r["lag"], r["due"])
+            for r in got["retry_partitions"]} == {(0, None, 0, 0)}
+    assert (got["lag"], got["retry_lag"]) == (0, 0)
+    table = cli("lag", "-b", bs, "--group", g, "--topic", t)
+    assert f"retry group={g}.retry lag=0 waiting=0 due=0" in table.stdout, table.stdout
+
+    view = group_view(ConsoleSettings(ClientSettings(bs)), g)
+    assert view.main is not None and view.retry is not None
+    assert [p.lag for p in view.main.partitions] == [0, 0, 0]
+    assert len(view.retry.partitions) == 6 and view.retry.total == 0
+    assert [b.due for b in view.tiers] == [0, 0]
+    assert view.scale is not None
+    assert (view.scale.decision.lag, view.scale.decision.active,
+            view.scale.decision.replicas) == (0, False, 0)
 
 
 def test_errors(kafka_broker: Broker) -> None:

@@ -143,6 +143,16 @@ def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
 
         # the pool's /metrics sums both processes (prometheus multiprocess mode)
         wait_for(lambda: handled() >= 100, 30, "records summed over the pool")
+        # the pool's flags are flags (every process ready, none failed), the count a count;
+        # the pool answers on PORT alone, as --help says
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            flags = {line.split(" ")[0]: float(line.split(" ")[1])
+                     for line in r.read().decode().splitlines()
+                     if line.startswith(("kworkers_worker_ready ", "kworkers_worker_healthy ",
+                                         "kworkers_worker_processes_ready "))}
+        assert flags == {"kworkers_worker_ready": 1.0, "kworkers_worker_healthy": 1.0,
+                         "kworkers_worker_processes_ready": 2.0}, flags
+        assert not _ready(port + 1)
     finally:
         code = _stop(p, tmp_path)
     assert code == 0, _log(tmp_path)
@@ -157,7 +167,10 @@ def test_missing_topics_and_bad_targets_are_one_line(kafka_broker: Broker,
     env = {"KW_TEST_LEDGER": str(tmp_path / "ledger.db"), "KWORKERS_BOOTSTRAP_SERVERS": bs}
     p = cli("run", "cliapp:worker", "--config", "kworkers.toml", cwd=tmp_path, env=env)
     assert p.returncode == 2
-    assert "topics missing" in one_error_line(p)
+    line = one_error_line(p)  # the tiers and DLQ are not "missing": the worker creates them
+    assert "source topic missing on" in line and "no-such-topic-kw" in line
+    assert "no-such-topic-kw.retry" not in line and "no-such-topic-kw.dlq" not in line
+    assert "the worker creates its retry tiers and DLQ itself" in line
     p = cli("run", "cliapp:nothing", cwd=tmp_path, env=env)
     assert p.returncode == 2
     assert "has no attribute 'nothing'" in one_error_line(p)

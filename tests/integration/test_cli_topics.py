@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kworkers.admin import admin_client, existing_topics
+from kworkers.kafka.admin import admin_client, existing_topics
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, unique
 from tests.integration.test_cli_support import cli, one_error_line

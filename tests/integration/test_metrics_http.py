@@ -121,7 +121,10 @@ def test_metrics_over_http_match_what_happened(kafka_broker: Broker) -> None:
         assert value(m, "kworkers_handler_duration_seconds_count", group=group) >= 1
         assert value(m, "kworkers_rebalances_total", group=group, kind="assign") >= 1
         assert value(m, "kworkers_handoff_blocked", group=group) == 0
-        assert value(m, "kworkers_paused_partitions", group=group) == 0
+        for reason in ("backpressure", "breaker", "draining"):  # exported, and none paused
+            labels = frozenset({"group": group, "reason": reason}.items())
+            assert m[("kworkers_paused_partitions", labels)] == 0, reason
+        assert not any(v for (name, _), v in m.items() if name == "kworkers_partition_stalled")
         assert calls[ALWAYS] == 2 and calls[NON_RETRYABLE] == 1
         assert all(calls[i] == 2 for i in TRANSIENT)
 

@@ -8,8 +8,8 @@ import pytest
 
 from kworkers.idempotency import Outbox, SqliteStore
 from kworkers.idempotency.outbox import blocking_send
+from kworkers.kafka.producer import KafkaSender
 from kworkers.kafka.settings import producer_settings
-from kworkers.retry_tiers.producer import KafkaSender
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, read_all, unique
 

@@ -25,11 +25,16 @@ def test_key_and_attempt_inside_a_handler() -> None:
     assert seen == [("wf-7/charge", 3)]
 
 
-def test_missing_ids_is_a_non_retryable_decode_error() -> None:
+def test_missing_ids_is_a_decode_error_only_where_ids_are_required() -> None:
     def handler(_m: Message) -> None:
         activity.idempotency_key()
 
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError) as missing:
+        ActivityInvoker(require_ids=True)(handler, _msg())
+    assert missing.value.type == "MissingActivityIds"
+    assert "require_ids=True" in str(missing.value)
+    # without require_ids the key is the record's origin, which only a Worker knows
+    with pytest.raises(RuntimeError, match="run this invoker inside a Worker"):
         ActivityInvoker()(handler, _msg())
 
 

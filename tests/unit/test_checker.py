@@ -17,7 +17,7 @@ import pytest
 
 from kworkers.idempotency import SqliteStore, TransactionalStore
 from kworkers.message import Message
-from kworkers.testing.checker import Fault, Log, LogRecord, check, record_key
+from kworkers.testing.checker import CommitSample, Fault, Log, LogRecord, check, record_key
 from kworkers.testing.instruments import KillPoint, RecordingInvoker
 from kworkers.testing.ledger import Ledger
 
@@ -148,6 +148,83 @@ def test_a_kill_mid_flight_must_cause_a_redelivery(ledger: Ledger) -> None:
     # nothing committed at the kill: every offset the victim had must come back
     assert check(ledger, log=log, faults=[Fault(2.0, {0: -1001}, "k", 100)]).not_redelivered \
         == [(0, 0, "k")]
+
+
+def test_committed_work_run_again_is_a_finding_whatever_faults_came_before(
+        ledger: Ledger) -> None:
+    """Issue #25, item 1: offsets 0..3 handled and committed, a kill at t=0.5, offset 1
+    delivered again at t=5 by the same process. A fault before both deliveries and none in
+    between "explains" the redelivery (``all`` of nothing), so the fault rule alone passes a
+    worker that seeks back below its committed position; a reading of the committed position
+    taken before the redelivery does not."""
+    _run(ledger, {0: [0, 1, 2, 3]}, pid=100, at=1.0)
+    ledger.delivered("p0o1", _msg(0, 1), pid=100, at=5.0)
+    log = _log({0: [0, 1, 2, 3]})
+    kill = Fault(0.5, {0: -1001}, "SIGKILL w9", victim_pid=9)
+    hole = check(ledger, log=log, commits=[{0: 4}], faults=[kill])  # untimed: the old API
+    assert hole.unexplained == [] and hole.ok, hole.summary()  # the fault rule is blind here
+    timed = check(ledger, log=log, commits=[CommitSample(2.0, {0: 4}, 1.9)], faults=[kill])
+    assert timed.rerun_committed == [(0, 1)], timed.summary()
+    assert not timed.ok and "rerun_committed=1" in timed.summary()
+    # a reading that returned after the redelivery proves nothing about it
+    late = check(ledger, log=log, commits=[CommitSample(6.0, {0: 4}, 5.5)], faults=[kill])
+    assert late.rerun_committed == [] and late.ok, late.summary()
+    # a fault's floors are readings too (read back right after the fault)
+    floors = check(ledger, log=log, faults=[kill, Fault(3.0, {0: 2}, "pause")])
+    assert floors.rerun_committed == [(0, 1)], floors.summary()
+
+
+def test_a_rerun_is_judged_against_the_highest_position_read_before_it(ledger: Ledger) -> None:
+    _run(ledger, {0: [0, 1, 2, 3]}, pid=100, at=1.0)
+    ledger.delivered("p0o2", _msg(0, 2), pid=200, at=4.0)
+    log = _log({0: [0, 1, 2, 3]})
+    # committed 3, then (a backwards commit) 1: offset 2 was committed before it ran again
+    samples = [CommitSample(2.0, {0: 3}, 1.9), CommitSample(3.0, {0: 1}, 2.9)]
+    report = check(ledger, log=log, commits=samples)
+    assert report.rerun_committed == [(0, 2)]
+    assert report.non_monotonic == [(0, 3, 1)]
+
+
+def test_an_empty_run_proves_nothing(ledger: Ledger, tmp_path: Path) -> None:
+    nothing = check(ledger, log=_log({0: [], 1: []}))
+    assert not nothing.ok and "empty" in nothing.summary()
+    assert "log is empty" in nothing.empty
+    assert not check(ledger, expected=set()).ok
+    # records in the log, none delivered (a handler never ran; effects without deliveries)
+    for o in range(3):
+        ledger.apply(f"p0o{o}", _msg(0, o))
+    undelivered = check(ledger, log=_log({0: [0, 1, 2]}))
+    assert not undelivered.ok and "no delivery" in undelivered.empty
+    assert check(ledger, log=_log({0: [0, 1, 2]}), allow_empty=True).ok
+    assert check(Ledger(tmp_path / "none.db"), log=_log({0: []}), allow_empty=True).ok
+
+
+def test_a_commit_that_disappears_went_backwards(ledger: Ledger) -> None:
+    _run(ledger, PARTS)
+    log = _log(PARTS)
+    assert check(ledger, log=log, commits=[{0: 4}, {0: -1001}]).non_monotonic \
+        == [(0, 4, -1001)]
+    timed = [CommitSample(2.0, {0: 4, 1: -1001}, 1.9), CommitSample(3.0, {0: -1001, 1: 2}, 2.9)]
+    assert check(ledger, log=log, commits=timed).non_monotonic == [(0, 4, -1001)]
+
+
+def test_overlapping_readings_are_not_compared(ledger: Ledger) -> None:
+    """Two readings in flight at once may answer in either order: only a reading asked for
+    after another returned can show the position going backwards."""
+    _run(ledger, PARTS)
+    log = _log(PARTS)
+    slow = CommitSample(3.0, {0: 4}, 1.0)  # asked at 1, answered at 3
+    quick = CommitSample(2.5, {0: 3}, 2.0)  # asked while the slow one was in flight
+    assert check(ledger, log=log, commits=[slow, quick]).non_monotonic == []
+    after = CommitSample(5.0, {0: 3}, 4.0)  # asked once the slow one had answered 4
+    assert check(ledger, log=log, commits=[slow, quick, after]).non_monotonic == [(0, 4, 3)]
+
+
+def test_skips_are_judged_against_the_highest_position_read_back(ledger: Ledger) -> None:
+    _run(ledger, {0: [0, 1]})
+    samples = [CommitSample(2.0, {0: 4}, 1.9), CommitSample(3.0, {0: 2}, 2.9)]
+    report = check(ledger, log=_log({0: [0, 1, 2, 3]}), commits=samples)
+    assert report.skipped == [(0, 2), (0, 3)]
 
 
 def test_check_needs_something_to_judge_against(ledger: Ledger) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = str(Path(__file__).resolve().parents[2])
-ARGS = [sys.executable, "-m", "kworkers.cli", "deploy", "render",
+BARE = [sys.executable, "-m", "kworkers.cli", "deploy", "render",
         "kworkers.deploy.example:worker", "--image", "img:1", "--app", "orders",
         "--partitions", "6"]
+ARGS = [*BARE, "-b", "kafka.example:9092"]
 
 
 def test_render_prints_every_manifest() -> None:
@@ -38,17 +39,25 @@ def test_more_replicas_than_partitions_is_one_clear_error() -> None:
     assert len(lines) == 1 and "partition" in lines[0], out.stderr
 
 
-def _render(*extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _render(*extra: str, env: dict[str, str] | None = None,
+            base: list[str] = ARGS) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("KWORKERS_")}
-    return subprocess.run([*ARGS, *extra], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*base, *extra], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**clean, **(env or {})})
+
+
+def _one_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, out.stdout
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    return lines[0]
 
 
 def test_render_takes_the_client_settings_kworkers_run_takes(tmp_path: Path) -> None:
     props = tmp_path / "client.properties"
     props.write_text("bootstrap.servers=file:9093\nsasl.mechanism=SCRAM-SHA-256\n")
     out = _render("--config", str(props), "-X", "security.protocol=SASL_SSL",
-                  "--sasl-secret", "kafka-creds",
+                  "--sasl-secret", "kafka-creds", base=BARE,
                   env={"KWORKERS_SSL_CA_LOCATION": "/ca.pem", "KWORKERS_CONCURRENCY": "3"})
     assert out.returncode == 0, out.stderr
     for line in ("KWORKERS_BOOTSTRAP_SERVERS: file:9093", "KWORKERS_SECURITY_PROTOCOL: SASL_SSL",
@@ -69,3 +78,45 @@ def test_render_refuses_what_would_not_reach_the_pods(extra: list[str], env: dic
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], out.stderr
     assert "s3cret-pw" not in out.stdout + out.stderr
+
+
+def test_render_requires_the_cluster_s_bootstrap_address() -> None:
+    line = _one_line(_render(base=BARE))  # the example worker's default: 127.0.0.1:9092
+    assert "the worker's config names none" in line and "pass --bootstrap" in line
+    line = _one_line(_render(base=[*BARE, "-b", "127.0.0.1:19092"]))
+    assert "a loopback address in a pod is the pod itself" in line
+    out = _render(base=BARE, env={"KWORKERS_BOOTSTRAP_SERVERS": "k1:9092,k2:9092"})
+    assert out.returncode == 0 and "bootstrapServers: \"k1:9092,k2:9092\"" in out.stdout, (
+        out.stderr)
+
+
+def test_sasl_goes_over_tls_unless_plaintext_is_asked_for_explicitly() -> None:
+    out = _render("--sasl-secret", "creds")
+    assert out.returncode == 0, out.stderr
+    assert "KWORKERS_SECURITY_PROTOCOL: SASL_SSL" in out.stdout and "tls: enable" in out.stdout
+    line = _one_line(_render("--sasl-secret", "creds", "-X", "security.protocol=SASL_PLAINTEXT"))
+    assert "sends the SASL password over the network in clear" in line
+    assert "--allow-plaintext-sasl" in line
+    out = _render("--sasl-secret", "creds", "--allow-plaintext-sasl")
+    assert out.returncode == 0, out.stderr
+    assert "KWORKERS_SECURITY_PROTOCOL: SASL_PLAINTEXT" in out.stdout
+    assert "tls: enable" not in out.stdout
+    assert "SASL_PLAINTEXT was asked for explicitly" in out.stdout  # the comments stay true
+
+
+def test_tls_secrets_are_mounted_as_files() -> None:
+    out = _render("--sasl-secret", "creds", "--tls-secret", "kafka-ca", "--tls-client-cert",
+                  "-X", "sasl.mechanism=SCRAM-SHA-512")
+    assert out.returncode == 0, out.stderr
+    for line in ("KWORKERS_SSL_CA_LOCATION: /etc/kworkers/tls/ca.crt",
+                 "KWORKERS_SSL_CERTIFICATE_LOCATION: /etc/kworkers/tls/tls.crt",
+                 "KWORKERS_SSL_KEY_LOCATION: /etc/kworkers/tls/tls.key",
+                 "mountPath: /etc/kworkers/tls", "secretName: kafka-ca", "sasl: scram_sha512",
+                 "parameter: cert", "parameter: key", "parameter: ca", "fsGroup: 10001"):
+        assert line in out.stdout, line
+    assert "mechanism SCRAM-SHA-512" in out.stdout
+    assert "plaintext" not in out.stdout.lower().replace("sasl_plaintext", "")
+    line = _one_line(_render("--tls-client-cert"))
+    assert "--tls-client-cert reads tls.crt and tls.key from the TLS Secret" in line
+    line = _one_line(_render("--tls-secret", "kafka-ca", "-X", "security.protocol=PLAINTEXT"))
+    assert "certificates need SSL or SASL_SSL" in line

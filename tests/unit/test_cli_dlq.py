@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from kworkers.cli.dlq_format import age_text, as_json, bytes_text, header_text, iso, show_lines
 from kworkers.dlq import DeadLetter, RedriveFilter
+from kworkers.dlq.format import age_text, as_json, bytes_text, header_text, iso, show_lines
 from kworkers.dlq.redrive import RedriveSummary
 from kworkers.dlq.redrive_plan import ledger_key, plan
 from kworkers.envelope import ActivityTask, SingleObjectCodec

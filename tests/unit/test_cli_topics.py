@@ -6,7 +6,7 @@ import pytest
 
 from kworkers.errors import ConfigError
 from kworkers.retry_tiers.tiers import TierLadder
-from kworkers.topic_plan import plan_topics, specs
+from kworkers.topic_plan import SourceShape, TopicSpec, plan_topics, specs
 
 LADDER = TierLadder((1.0, 30.0))
 
@@ -55,3 +55,22 @@ def test_existing_topics_are_kept_and_sized_from_the_source() -> None:
 def test_bad_sources(sources: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         plan_topics({}, sources, LADDER, 1)
+
+
+def test_derived_topics_are_as_durable_as_their_source_never_a_silent_1() -> None:
+    shapes = {"orders": SourceShape(3, "2")}
+    plan = plan_topics({"orders": 6}, ["orders"], LADDER, None, shapes=shapes)
+    made = specs(plan)
+    assert [(s.name, s.partitions, s.replication_factor, dict(s.config)) for s in made] == [
+        (name, 6, 3, {"min.insync.replicas": "2"})
+        for name in ("orders.retry.1s", "orders.retry.30s", "orders.dlq")]
+    assert {p.durability() for p in plan if p.action == "create"} == {
+        "3, min.insync.replicas=2"}
+    # the operator's --replication-factor wins; the source's min.insync.replicas stays
+    assert {(s.replication_factor, s.config["min.insync.replicas"]) for s in specs(plan, 5)} == {
+        (5, "2")}
+    # nothing to copy (a new source, a source without an override): the broker's defaults
+    fresh = plan_topics({}, ["new"], LADDER, 4)
+    assert {(s.replication_factor, len(s.config)) for s in specs(fresh)} == {(-1, 0)}
+    assert {p.durability() for p in fresh} == {"broker default"}
+    assert TopicSpec("t").replication_factor == -1

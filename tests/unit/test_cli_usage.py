@@ -37,6 +37,11 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     ["topics", "plan", "--topic", "t", "--config", "/no/such/client.properties"],
     ["nosuchcommand"],
     ["demo", "flaky"],                                     # the demo is scripts/demo now
+    ["produce", "v"],                                      # missing --topic
+    ["produce", "-t", "t", "v", "--workflow-id", "w"],     # half the ids
+    ["produce", "-t", "t", "a", "b", "--workflow-id", "w", "--activity-id", "x"],  # one key
+    ["produce", "-t", "t", "v", "-H", "kw-attempt=3"],     # kworkers' own headers
+    ["produce", "-t", "t", "v", "-H", "no-equals"],
 ])
 def test_bad_arguments_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
                                                args: list[str]) -> None:
@@ -58,11 +63,41 @@ def test_run_names_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("args", [
     [], ["run"], ["topics"], ["topics", "plan"], ["topics", "create"], ["dlq"], ["dlq", "list"],
     ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy"], ["deploy", "render"],
+    ["produce"],
 ])
 def test_help_everywhere(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
     code, out, _ = _run(capsys, *args, "--help")
     assert code == 0
     assert out.startswith("Usage: kworkers")
+
+
+@pytest.mark.parametrize("args", [[], ["topics"], ["dlq"], ["deploy"], ["workflow"]])
+def test_a_group_alone_prints_its_help(capsys: pytest.CaptureFixture[str],
+                                       args: list[str]) -> None:
+    """`kworkers dlq` alone asks what there is: the help as --help prints it, on several
+    lines of stdout, not flattened into one error line."""
+    code, out, err = _run(capsys, *args)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"Usage: kworkers {' '.join(args)}".rstrip() + " ")
+    assert "\nCommands:\n" in out and len(out.splitlines()) > 5
+    _, helped, _ = _run(capsys, *args, "--help")
+    assert out == helped
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    for flag in ("--version", "-V"):
+        code, out, err = _run(capsys, flag)
+        assert (code, out, err) == (0, f"kworkers {version('kworkers')}\n", "")
+
+
+def test_the_metrics_port_help_says_what_a_pool_serves(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run(capsys, "run", "--help")
+    text = " ".join(out.split())
+    assert "PORT+i" not in text
+    assert "With --processes N the parent serves the pool there" in text
 
 
 def test_hidden_crash_option_is_not_advertised(capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,7 +106,8 @@ def test_hidden_crash_option_is_not_advertised(capsys: pytest.CaptureFixture[str
 
 
 OPERATOR_COMMANDS = [["run"], ["topics", "plan"], ["topics", "create"], ["dlq", "list"],
-                     ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy", "render"]]
+                     ["dlq", "show"], ["dlq", "redrive"], ["lag"], ["deploy", "render"],
+                     ["produce"]]
 
 
 @pytest.mark.parametrize("args", OPERATOR_COMMANDS)

@@ -1,15 +1,23 @@
-"""Commit policy and the commit-retry rules of seed 001 (exact call sequences)."""
+"""Commit policy and seed 001's commit-retry rules, now driven asynchronously: the exact
+sequences of attempts and waits, the hung broker, matching outcomes to what was sent."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from kworkers.consumer.commit import (
+    COMMIT_RETRY_WAITS,
+    REBALANCE_WAITS,
     CommitOutcome,
     CommitPolicy,
-    commit_with_retry,
+    CommitRun,
+    ErrorKind,
 )
 from kworkers.errors import ConfigError
+
+TP = ("t", 0)
 
 
 class Retryable(Exception):
@@ -20,67 +28,141 @@ class Permanent(Exception):
     pass
 
 
-class Script:
-    """A commit that fails according to a script; records every call and every sleep."""
+class Rebalancing(Exception):
+    pass
 
-    def __init__(self, *steps: type[Exception] | None) -> None:
-        self.steps = list(steps)
-        self.calls = 0
-        self.sleeps: list[float] = []
 
-    def commit(self) -> None:
-        step = self.steps[self.calls] if self.calls < len(self.steps) else None
-        self.calls += 1
-        if step is not None:
-            raise step("injected")
+KINDS = {Retryable: ErrorKind.RETRYABLE, Permanent: ErrorKind.PERMANENT,
+         Rebalancing: ErrorKind.REBALANCING}
 
-    def run(self):  # type: ignore[no-untyped-def]
-        return commit_with_retry(
-            self.commit, lambda e: isinstance(e, Retryable), self.sleeps.append
-        )
+
+def drive(*steps: type[Exception] | None, last_chance: bool = False,
+          timeout_s: float = 10.0) -> tuple[CommitRun, list[float]]:
+    """A commit answered according to ``steps`` (None: success; a class: that refusal; the
+    string "hang": no answer at all); returns the run and the times each attempt went out, on
+    a clock the run never sleeps on (the loop polls meanwhile)."""
+    run = CommitRun({TP: 10}, "periodic", timeout_s, last_chance=last_chance)
+    now = 0.0
+    sent: list[float] = []
+    run.send(now)
+    sent.append(now)
+    answers = list(steps)
+    while not run.done:
+        step = answers.pop(0) if answers else None
+        now += 0.001  # the answer comes back after a round trip
+        if step == "hang":  # type: ignore[comparison-overlap]
+            now += timeout_s
+            assert run.expired(now)
+            run.timed_out(now)
+        elif step is None:
+            run.result(now, None, None)
+        else:
+            run.result(now, step("injected"), KINDS[step])
+        if run.done:
+            break
+        assert run.resend_at is not None and not run.due(now)
+        now = run.resend_at
+        assert run.due(now)
+        run.send(now)
+        sent.append(now)
+    return run, sent
 
 
 def test_success_first_time() -> None:
-    s = Script(None)
-    r = s.run()
-    assert (r.outcome, r.attempts, s.calls, s.sleeps) == (CommitOutcome.COMMITTED, 1, 1, [])
+    run, _sent = drive(None)
+    assert (run.outcome, run.attempts, run.waits) == (CommitOutcome.COMMITTED, 1, [])
 
 
 def test_success_on_fifth_and_last_attempt() -> None:
-    s = Script(Retryable, Retryable, Retryable, Retryable, None)
-    r = s.run()
-    assert r.outcome is CommitOutcome.COMMITTED
-    assert s.calls == 5
-    assert s.sleeps == [0.1, 0.2, 0.4, 0.8]
+    run, _sent = drive(Retryable, Retryable, Retryable, Retryable, None)
+    assert run.outcome is CommitOutcome.COMMITTED and run.attempts == 5
+    assert run.waits == [0.1, 0.2, 0.4, 0.8]
 
 
 def test_five_retryable_then_give_up() -> None:
-    s = Script(*[Retryable] * 6)
-    r = s.run()
-    assert r.outcome is CommitOutcome.FAILED
-    assert s.calls == 5  # not 6: five attempts in all
-    assert s.sleeps == [0.1, 0.2, 0.4, 0.8]
-    assert isinstance(r.error, Retryable)
+    run, _sent = drive(*[Retryable] * 6)
+    assert run.outcome is CommitOutcome.FAILED
+    assert run.attempts == 5  # not 6: five attempts in all
+    assert run.waits == [0.1, 0.2, 0.4, 0.8]
+    assert isinstance(run.error, Retryable)
 
 
 def test_permanent_on_first_attempt_is_a_confirmed_failure() -> None:
-    s = Script(Permanent)
-    r = s.run()
-    assert (r.outcome, s.calls, s.sleeps) == (CommitOutcome.FAILED, 1, [])
+    run, _sent = drive(Permanent)
+    assert (run.outcome, run.attempts, run.waits) == (CommitOutcome.FAILED, 1, [])
 
 
 def test_permanent_after_retryable_is_uncertain() -> None:
-    s = Script(Retryable, Retryable, Permanent)
-    r = s.run()
-    assert r.outcome is CommitOutcome.UNCERTAIN
-    assert s.calls == 3
-    assert s.sleeps == [0.1, 0.2]
+    run, _sent = drive(Retryable, Retryable, Permanent)
+    assert run.outcome is CommitOutcome.UNCERTAIN and run.attempts == 3
+    assert run.waits == [0.1, 0.2]
 
 
 def test_retryable_then_success() -> None:
-    s = Script(Retryable, None)
-    r = s.run()
-    assert (r.outcome, r.attempts, s.sleeps) == (CommitOutcome.COMMITTED, 2, [0.1])
+    run, _sent = drive(Retryable, None)
+    assert (run.outcome, run.attempts, run.waits) == (CommitOutcome.COMMITTED, 2, [0.1])
+
+
+def test_the_waits_are_loop_time_between_an_answer_and_the_next_attempt() -> None:
+    _run, sent = drive(Retryable, Retryable, None)
+    gaps = [round(b - a - 0.001, 6) for a, b in itertools.pairwise(sent)]
+    assert gaps == [0.1, 0.2]
+
+
+def test_a_hung_broker_is_a_retryable_timeout_per_attempt_and_ends_in_failure() -> None:
+    """The sequence the synchronous commit never reached: the broker answers nothing. Each
+    attempt times out after ``timeout_s`` and is sent again by seed 001's waits; after five
+    the run has FAILED (the next commit or a redelivery covers it), never waiting forever."""
+    run, sent = drive(*["hang"] * 6, timeout_s=2.0)  # type: ignore[arg-type]
+    assert run.outcome is CommitOutcome.FAILED and run.attempts == 5
+    assert run.waits == list(COMMIT_RETRY_WAITS)
+    assert isinstance(run.error, TimeoutError)
+    assert sent[-1] <= 5 * 2.0 + sum(COMMIT_RETRY_WAITS) + 0.01
+
+
+def test_a_hung_attempt_then_a_permanent_refusal_is_uncertain() -> None:
+    run, _sent = drive("hang", Permanent, timeout_s=2.0)  # type: ignore[arg-type]
+    assert run.outcome is CommitOutcome.UNCERTAIN
+
+
+def test_a_rebalance_defers_at_once_and_after_a_retryable_error_is_uncertain() -> None:
+    run, _sent = drive(Rebalancing)
+    assert (run.outcome, run.waits) == (CommitOutcome.DEFERRED, [])
+    run, _sent = drive(Retryable, Rebalancing)
+    assert (run.outcome, run.waits) == (CommitOutcome.UNCERTAIN, [0.1])
+
+
+def test_a_last_chance_commit_retries_a_rebalance_briefly_then_defers() -> None:
+    """The drain's commit has no next commit to carry its positions: a refusal by a
+    rebalance is sent again after the short waits; only when they are spent is it deferred."""
+    run, _sent = drive(Rebalancing, Rebalancing, None, last_chance=True)
+    assert run.outcome is CommitOutcome.COMMITTED
+    assert run.waits == list(REBALANCE_WAITS[:2])
+    run, _sent = drive(*[Rebalancing] * (len(REBALANCE_WAITS) + 1), last_chance=True)
+    assert run.outcome is CommitOutcome.DEFERRED and run.waits == list(REBALANCE_WAITS)
+    assert sum(REBALANCE_WAITS) < sum(COMMIT_RETRY_WAITS)
+
+
+def test_a_run_that_may_not_be_sent_again_ends_where_it_would_be() -> None:
+    """A revoke's run (and any run whose partitions left): a resend after the new owner
+    committed could move the position back, so it ends unsent instead."""
+    run = CommitRun({TP: 10}, "revoke", 10.0, resendable=False)
+    run.send(0.0)
+    run.result(0.1, Retryable("x"), ErrorKind.RETRYABLE)
+    assert run.outcome is CommitOutcome.FAILED and run.attempts == 1 and run.waits == []
+    run = CommitRun({TP: 10}, "periodic", 10.0)
+    run.send(0.0)
+    run.result(0.1, Retryable("x"), ErrorKind.RETRYABLE)
+    assert run.resend_at is not None
+    run.stop_resending()  # its partitions were revoked meanwhile
+    assert run.outcome is CommitOutcome.UNCERTAIN and run.resend_at is None
+
+
+def test_an_outcome_is_matched_by_the_offsets_it_names() -> None:
+    run = CommitRun({("t", 0): 10, ("t", 1): 4}, "periodic", 10.0)
+    assert run.matches({("t", 1): 4, ("t", 0): 10})
+    assert not run.matches({("t", 0): 9, ("t", 1): 4})  # an earlier run's
+    assert not run.matches({("t", 0): 10})
 
 
 def test_policy_interval_or_count() -> None:
@@ -89,59 +171,11 @@ def test_policy_interval_or_count() -> None:
     assert p.should_commit(now=11.0, last_commit_at=10.0, completions=5)
     assert p.should_commit(now=10.1, last_commit_at=10.0, completions=100)
     assert not p.should_commit(now=99.0, last_commit_at=10.0, completions=0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="interval"):
         CommitPolicy(interval_s=0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="max_completions"):
         CommitPolicy(max_completions=0)
-
-
-def test_a_rebalance_defers_at_once_and_after_a_retryable_error_is_uncertain() -> None:
-    from kworkers.consumer.commit import CommitOutcome, commit_with_retry
-
-    class Rebalancing(Exception):
-        pass
-
-    class Timeout(Exception):
-        pass
-
-    def script(*errors: type[Exception]) -> list[type[Exception]]:
-        return list(errors)
-
-    for errors, outcome, waits in ((script(Rebalancing), CommitOutcome.DEFERRED, []),
-                                   (script(Timeout, Rebalancing), CommitOutcome.UNCERTAIN, [0.1])):
-        left = list(errors)
-        slept: list[float] = []
-
-        def commit(left: list[type[Exception]] = left) -> None:
-            if left:
-                raise left.pop(0)("x")
-
-        r = commit_with_retry(commit, lambda e: isinstance(e, Timeout), slept.append,
-                              is_rebalancing=lambda e: isinstance(e, Rebalancing))
-        assert r.outcome is outcome and slept == waits
-
-
-def test_a_last_chance_commit_retries_a_rebalance_briefly_then_defers() -> None:
-    """A revoke's or a drain's commit has no next commit to carry its positions: a refusal by
-    a rebalance is retried with the short waits; only when they are spent is it deferred."""
-    from kworkers.consumer.commit import REBALANCE_WAITS, CommitOutcome, commit_with_retry
-
-    class Rebalancing(Exception):
-        pass
-
-    for refusals, outcome in ((2, CommitOutcome.COMMITTED),
-                              (len(REBALANCE_WAITS) + 1, CommitOutcome.DEFERRED)):
-        left = [refusals]
-        slept: list[float] = []
-
-        def commit(left: list[int] = left) -> None:
-            if left[0]:
-                left[0] -= 1
-                raise Rebalancing("x")
-
-        r = commit_with_retry(commit, lambda e: False, slept.append,
-                              is_rebalancing=lambda e: isinstance(e, Rebalancing),
-                              rebalance_waits=REBALANCE_WAITS)
-        assert r.outcome is outcome
-        assert slept == list(REBALANCE_WAITS[:min(refusals, len(REBALANCE_WAITS))])
-        assert sum(REBALANCE_WAITS) < sum((0.1, 0.2, 0.4, 0.8))
+    with pytest.raises(ConfigError, match="timeout_s"):
+        CommitPolicy(timeout_s=0)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        CommitPolicy(timeout_s=float("nan"))

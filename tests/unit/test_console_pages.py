@@ -19,9 +19,9 @@ from kworkers.console import auth
 from kworkers.console.breaker import read_endpoints, states_of
 from kworkers.console.dlq_filter import ConsoleFilter
 from kworkers.console.dlq_pages import cursor_text, cut, parse_cursor
-from kworkers.console.history import parse_marker
 from kworkers.console.record_view import decode_avro, hex_dump, record_view
 from kworkers.console.settings import ConsoleSettings
+from kworkers.dlq.ledger import parse_marker
 from kworkers.dlq.record import DeadLetter
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import ClientSettings
@@ -350,12 +350,13 @@ def test_tier_backlogs_and_keda_from_the_lag_rows() -> None:
                                   ("t.retry.1m", 0, 3, 0)],
                       waiting={("t.retry.1s", 0): (2, False), ("t.retry.1m", 0): (3, True)})
     assert [(b.topic, b.lag, b.waiting, b.due, b.truncated) for b in tier_backlogs(retry)] == [
-        ("t.retry.1m", 3, 3, 0, True), ("t.retry.1s", 6, 2, 4, False)]
+        ("t.retry.1s", 6, 2, 4, False), ("t.retry.1m", 3, 3, 0, True)]  # by delay
     main = group_lag("g", [("t", 0, 100, 40), ("t", 1, 100, 100), ("t", 2, 5, None)])
     s = ConsoleSettings(ClientSettings(), lag_threshold=20)
     scale = scale_of(s, main, current=1)
-    # 60 + 0 + 1 (no commit, offsetResetPolicy latest) = 61 -> ceil(61 / 20) = 4, capped at 3
-    assert (scale.decision.lag, scale.decision.replicas, scale.max_replicas) == (61, 3, 3)
+    # 60 + 0 + 5 (no commit, offsetResetPolicy earliest, as rendered: the whole partition)
+    # = 65 -> ceil(65 / 20) = 4, capped at 3
+    assert (scale.decision.lag, scale.decision.replicas, scale.max_replicas) == (65, 3, 3)
     assert scale_of(ConsoleSettings(ClientSettings(), max_replicas=2), main, 1
                     ).decision.replicas == 2
 

@@ -8,7 +8,13 @@ import pytest
 
 from kworkers.console import auth
 from kworkers.console.dlq_filter import ConsoleFilter, parse_filter
-from kworkers.console.settings import ConsoleSettings, check_exposure, is_loopback
+from kworkers.console.settings import (
+    UNNAMED,
+    ConsoleSettings,
+    check_exposure,
+    is_loopback,
+    parse_tokens,
+)
 from kworkers.dlq.record import DeadLetter
 from kworkers.dlq.redrive_plan import RedriveFilter
 from kworkers.errors import ConfigError
@@ -28,15 +34,15 @@ def test_loopback_addresses(host: str, loopback: bool) -> None:
 
 
 def test_off_loopback_needs_a_token() -> None:
-    check_exposure("127.0.0.1", None)
-    check_exposure("0.0.0.0", TOKEN)
+    check_exposure("127.0.0.1", [])
+    check_exposure("0.0.0.0", [TOKEN])
     for host in ("0.0.0.0", "10.213.1.1", "::", "console.example"):
         with pytest.raises(ConfigError, match="set a token"):
-            check_exposure(host, None)
+            check_exposure(host, [])
         with pytest.raises(ConfigError, match="set a token"):
             ConsoleSettings(ClientSettings(), host=host)
     with pytest.raises(ConfigError, match="at least 16 characters"):
-        check_exposure("127.0.0.1", "short")
+        check_exposure("127.0.0.1", ["short"])
 
 
 def test_the_token_never_shows_in_repr() -> None:
@@ -49,12 +55,40 @@ def _basic(user: str, password: str) -> str:
 
 
 def test_token_in_bearer_or_basic() -> None:
-    assert auth.token_ok(f"Bearer {TOKEN}", TOKEN)
-    assert auth.token_ok(_basic("ops", TOKEN), TOKEN)
-    assert auth.token_ok(_basic("", TOKEN), TOKEN)
+    one = {UNNAMED: TOKEN}
+    assert auth.identify(f"Bearer {TOKEN}", one) == UNNAMED
+    assert auth.identify(_basic("ops", TOKEN), one) == UNNAMED  # unnamed: any user name
+    assert auth.identify(_basic("", TOKEN), one) == UNNAMED
     for bad in (None, "", f"Bearer {TOKEN}x", "Bearer", _basic(TOKEN, "x"), "Basic !!!",
                 f"Token {TOKEN}", "Basic " + base64.b64encode(TOKEN.encode()).decode()):
-        assert not auth.token_ok(bad, TOKEN), bad
+        assert auth.identify(bad, one) is None, bad
+
+
+OTHER = "another-operator-token-987654"
+
+
+def test_named_tokens_say_who_and_basic_must_give_that_name() -> None:
+    named = {"alice": TOKEN, "bob": OTHER}
+    assert auth.identify(f"Bearer {OTHER}", named) == "bob"
+    assert auth.identify(_basic("alice", TOKEN), named) == "alice"
+    assert auth.identify(_basic("bob", TOKEN), named) is None  # bob may not use alice's
+    assert auth.identify(_basic("mallory", OTHER), named) is None
+
+
+def test_token_files_name_operators() -> None:
+    assert parse_tokens(f"{TOKEN}\n", "f") == (TOKEN, {})
+    assert parse_tokens(f"# ops\nalice:{TOKEN}\n\nbob: {OTHER}\n", "f") == (
+        None, {"alice": TOKEN, "bob": OTHER})
+    for text, why in (("", "the file is empty"), (f"alice:{TOKEN}\nalice:{OTHER}", "twice"),
+                      (f"{TOKEN}\n{OTHER}\n", "expected NAME:TOKEN"),
+                      (f"bad name:{TOKEN}", "expected NAME:TOKEN")):
+        with pytest.raises(ConfigError, match=why) as e:
+            parse_tokens(text, "f")
+        assert TOKEN not in str(e.value) and OTHER not in str(e.value)
+    with pytest.raises(ConfigError, match="share a token"):
+        ConsoleSettings(ClientSettings(), host="0.0.0.0", tokens={"a": TOKEN, "b": TOKEN})
+    s = ConsoleSettings(ClientSettings(), host="0.0.0.0", tokens={"alice": TOKEN})
+    assert TOKEN not in repr(s) and s.credentials == {"alice": TOKEN}
 
 
 @pytest.mark.parametrize(("host", "ok"), [

@@ -38,10 +38,14 @@ def fill(path: Path) -> str:
             wf = "order" if wid.startswith("order") else "pipeline"
             tables.insert_run(conn, RunRow(wid, wf, "v1", state, '{"doc": "a.txt"}', None,
                                            1_700_000_000.0 + i, 1_700_000_100.0 + i))
+        # as the engine writes them: each attempt's start, then its outcome
+        tables.started(conn, "doc-2", "doc-2/download", "step", 0, "download", 1_700_000_049.0)
         tables.record(conn, "doc-2", "doc-2/download", "step", 0, "download", "completed",
                       1_700_000_050.0, result='{"bytes": 12}')
+        tables.started(conn, "doc-2", "doc-2/embed", "step", 1, "embed", 1_700_000_059.0)
         tables.record(conn, "doc-2", "doc-2/embed", "step", 1, "embed", "retrying",
                       1_700_000_060.0, error="Timeout: slow model")
+        tables.started(conn, "doc-2", "doc-2/embed", "step", 1, "embed", 1_700_000_069.0)
         tables.record(conn, "doc-2", "doc-2/embed", "step", 1, "embed", "failed",
                       1_700_000_070.0, error="Expired: model gone")
     return url

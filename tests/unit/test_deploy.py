@@ -121,7 +121,8 @@ def test_max_replicas_defaults_to_and_may_not_exceed_partitions() -> None:
 
 
 def test_grace_period_covers_drain_and_revoke() -> None:
-    cfg = WorkerConfig(topics=("orders",), group_id="g", drain_timeout=42.5, revoke_timeout=5)
+    cfg = WorkerConfig(topics=("orders",), group_id="g", drain_timeout=42.5, revoke_timeout=5,
+                       bootstrap_servers="k:9092")
     dep = manifests(cfg, **EXAMPLE_ARGS)["k8s/deployment.yaml"]
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 63  # 47.5 -> 48 + 15
     default = sample()["k8s/deployment.yaml"]
@@ -130,7 +131,8 @@ def test_grace_period_covers_drain_and_revoke() -> None:
 
 def test_grace_period_follows_started_work_not_the_queue() -> None:
     """A stop waits for started handler calls only, so their deadline bounds it."""
-    cfg = WorkerConfig(topics=("orders",), group_id="g", message_timeout=5, revoke_timeout=5)
+    cfg = WorkerConfig(topics=("orders",), group_id="g", message_timeout=5, revoke_timeout=5,
+                       bootstrap_servers="k:9092")
     dep = manifests(cfg, **EXAMPLE_ARGS)["k8s/deployment.yaml"]
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 5 + 5 + 15
 
@@ -180,13 +182,13 @@ def test_triggers_watch_both_groups_and_waiting_retries_do_not_scale() -> None:
     ta = sample()["keda/triggerauthentication.yaml"]
     assert {(r["parameter"], r["name"], r["key"]) for r in ta["spec"]["secretTargetRef"]} == {
         ("username", "orders-kafka-sasl", "username"),
-        ("password", "orders-kafka-sasl", "password")}
+        ("password", "orders-kafka-sasl", "password"), ("ca", "orders-kafka-ca", "ca.crt")}
     assert so["spec"]["scaleTargetRef"]["name"] == sample()["k8s/deployment.yaml"]["metadata"][
         "name"]
 
 
 def test_without_sasl_there_is_no_secret_anywhere() -> None:
-    objs = sample(sasl_secret=None)
+    objs = sample(sasl_secret=None, tls_secret=None)
     assert "keda/triggerauthentication.yaml" not in objs
     for t in objs["keda/scaledobject.yaml"]["spec"]["triggers"]:
         assert "authenticationRef" not in t and "sasl" not in t["metadata"]
@@ -207,11 +209,13 @@ def test_configmap_describes_the_config() -> None:
     assert data["KWORKERS_GROUP_ID"] == "orders-workers"
     assert data["KWORKERS_TOPICS"] == "orders"
     assert data["KWORKERS_TIERS"] == "1,5,30,120,600"
-    assert data["KWORKERS_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert data["KWORKERS_SECURITY_PROTOCOL"] == "SASL_SSL"  # --sasl-secret: over TLS
+    assert data["KWORKERS_SSL_CA_LOCATION"] == "/etc/kworkers/tls/ca.crt"  # the mounted Secret
     assert "KWORKERS_SASL_PASSWORD" not in data
     env = {**data, "KWORKERS_SASL_USERNAME": "u", "KWORKERS_SASL_PASSWORD": "p"}
     cfg = config_from_env(env)
-    assert cfg.client_config == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+    assert cfg.client_config == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                                 "ssl.ca.location": "/etc/kworkers/tls/ca.crt",
                                  "sasl.username": "u", "sasl.password": "p"}
     assert cfg.consumer_config == cfg.producer_config == {}  # one place for every client
 
@@ -222,10 +226,11 @@ def test_every_configmap_variable_is_one_kworkers_run_reads() -> None:
     data = sample()["k8s/configmap.yaml"]["data"]
     assert set(data) <= settings.env_vars()
     layer = settings.from_env(data)
-    security = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}
+    security = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                "ssl.ca.location": "/etc/kworkers/tls/ca.crt"}
     assert layer.pop("client_config") == security
     assert {settings.env_name(n) for n in layer} == set(data) - {
-        "KWORKERS_SECURITY_PROTOCOL", "KWORKERS_SASL_MECHANISM"}
+        "KWORKERS_SECURITY_PROTOCOL", "KWORKERS_SASL_MECHANISM", "KWORKERS_SSL_CA_LOCATION"}
     assert settings.apply(WorkerConfig(topics=("x",), group_id="y"), layer) == example_config()
 
 
@@ -279,6 +284,15 @@ def test_env_errors_name_the_variable() -> None:
     assert overridden.group_id == "mine"
 
 
+def test_the_environment_wins_over_what_the_code_sets() -> None:
+    """One precedence everywhere (flags > environment > file > code), as under kworkers run."""
+    env = {"KWORKERS_TOPICS": "t", "KWORKERS_GROUP_ID": "from-env", "KWORKERS_CONCURRENCY": "3"}
+    cfg = config_from_env(env, group_id="from-code", concurrency=12, drain_timeout=5.0)
+    assert (cfg.group_id, cfg.concurrency, cfg.drain_timeout) == ("from-env", 3, 5.0)
+    base = WorkerConfig(topics=("t",), group_id="g", concurrency=7)
+    assert config_from_env({"KWORKERS_CONCURRENCY": "2"}, base=base, concurrency=9).concurrency == 2
+
+
 @pytest.mark.parametrize("s", ["true", "True", "yes", "no", "on", "off", "null", "~", "1", "9100",
                                "0x1F", "1e3", ".inf", "-x", "a: b", "x:", "", "1:30", "#c",
                                "[a]", "{a}", "*a", "&a", "!a", "|", ">", "@a", "%a", "'q'",
@@ -304,7 +318,7 @@ SCRAM_TLS = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
 
 def test_security_settings_travel_in_the_configmap_and_the_triggers() -> None:
     cfg = dataclasses.replace(example_config(), client_config=SCRAM_TLS)
-    objs = manifests(cfg, **EXAMPLE_ARGS)
+    objs = manifests(cfg, **{**EXAMPLE_ARGS, "tls_secret": None})
     data = objs["k8s/configmap.yaml"]["data"]
     assert data["KWORKERS_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert data["KWORKERS_SASL_MECHANISM"] == "SCRAM-SHA-512"
@@ -348,3 +362,69 @@ def test_every_worker_config_field_travels_the_configmap() -> None:
     assert env["KWORKERS_AUTO_CREATE_TOPICS"] == "false"
     assert config_from_env(env) == cfg
     assert not any(k.startswith("KWORKERS_BREAKER_") for k in config_env(example_config()))
+
+
+OIDC = {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+        "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.scope": "kafka",
+        "sasl.oauthbearer.token.endpoint.url": "https://idp.example/oauth2/token"}
+
+
+@pytest.mark.parametrize(("client", "args", "env_from_secret", "mounted"), [
+    ({"sasl.mechanism": "SCRAM-SHA-512"}, {"tls_client_cert": True},
+     ["KWORKERS_SASL_USERNAME", "KWORKERS_SASL_PASSWORD"], ["ca.crt", "tls.crt", "tls.key"]),
+    ({"security.protocol": "SSL"}, {"sasl_secret": None, "tls_client_cert": True}, [],
+     ["ca.crt", "tls.crt", "tls.key"]),
+    (OIDC, {}, ["KWORKERS_SASL_OAUTHBEARER_CLIENT_ID", "KWORKERS_SASL_OAUTHBEARER_CLIENT_SECRET"],
+     ["ca.crt"]),
+])
+def test_tls_and_oauth_pools_render_valid_and_consistent(client: dict[str, str],
+                                                         args: dict[str, Any],
+                                                         env_from_secret: list[str],
+                                                         mounted: list[str]) -> None:
+    cfg = dataclasses.replace(example_config(), client_config=client)
+    objs = manifests(cfg, **{**EXAMPLE_ARGS, **args})
+    pod = objs["k8s/deployment.yaml"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert [e["name"] for e in c.get("env", [])] == env_from_secret
+    assert [i["key"] for i in pod["volumes"][0]["secret"]["items"]] == mounted
+    assert c["volumeMounts"] == [{"name": "kafka-tls", "mountPath": "/etc/kworkers/tls",
+                                  "readOnly": True}]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    data = objs["k8s/configmap.yaml"]["data"]
+    assert not {"KWORKERS_SASL_PASSWORD", "KWORKERS_SASL_OAUTHBEARER_CLIENT_SECRET"} & set(data)
+    assert cross_problems(objs) == []
+    for obj in objs.values():
+        if obj["apiVersion"].startswith("keda"):
+            assert keda_problems(obj) == [], obj
+        else:
+            validate_core(obj, K8S_VERSION)
+    files = render(cfg, **{**EXAMPLE_ARGS, **args})
+    assert "plaintext" not in "".join(files.values()).lower()  # every comment tells the truth
+
+
+def test_a_triggerauthentication_reading_a_missing_configmap_key_is_caught() -> None:
+    cfg = dataclasses.replace(example_config(), client_config=OIDC)
+    objs = copy.deepcopy(manifests(cfg, **EXAMPLE_ARGS))
+    assert cross_problems(objs) == []
+    del objs["k8s/configmap.yaml"]["data"]["KWORKERS_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL"]
+    assert "which the rendered ConfigMap lacks" in " ".join(cross_problems(objs))
+
+
+def test_a_rate_limited_pool_names_its_own_max_replicas() -> None:
+    """A pool-wide rate limit: the lag the limit causes must not scale the pool to every
+    partition (issue #33), so render wants ``max_replicas`` and says why; the ConfigMap
+    carries the limit as the variables ``kworkers run`` reads back."""
+    from kworkers.pace import RateLimit
+
+    cfg = dataclasses.replace(example_config(), rate_limit=RateLimit(per_second=100, burst=20))
+    with pytest.raises(ConfigError, match="max_replicas: the pool is rate-limited"):
+        manifests(cfg, **EXAMPLE_ARGS)
+    files = render(cfg, **{**EXAMPLE_ARGS, "max_replicas": 3})
+    so = files["keda/scaledobject.yaml"]
+    assert "maxReplicaCount: 3" in so and "kworkers_rate_limit_waiting" in so
+    env = config_env(cfg)
+    assert env["KWORKERS_RATE_LIMIT_PER_SECOND"] == "100"
+    assert env["KWORKERS_RATE_LIMIT_BURST"] == "20"
+    assert config_from_env(env, example_config()).rate_limit == cfg.rate_limit
+    replica = dataclasses.replace(cfg, rate_limit=RateLimit(per_second=5, scope="replica"))
+    assert "per pod" in render(replica, **EXAMPLE_ARGS)["keda/scaledobject.yaml"]

@@ -13,6 +13,8 @@ from kworkers import settings
 from kworkers.deploy import env as envvars
 from kworkers.metrics import MetricName
 from kworkers.testing.broker import _server_env
+from kworkers.testing.registry import LOCAL_REGISTRY_IMAGE
+from kworkers.testing.registry import _env as registry_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +31,8 @@ def interpolate(text: str) -> str:
 
 def test_every_service_is_on_the_host_network() -> None:
     services = compose()["services"]
-    assert set(services) == {"kafka", "init", "worker", "producer", "prometheus"}
+    assert set(services) == {"kafka", "schema-registry", "init", "worker", "producer",
+                             "prometheus"}
     for name, svc in services.items():
         assert svc["network_mode"] == "host", name
 
@@ -47,6 +50,17 @@ def test_kafka_is_configured_like_the_test_fixture_on_loopback() -> None:
     for key in ("KAFKA_LISTENERS", "KAFKA_ADVERTISED_LISTENERS", "KAFKA_CONTROLLER_QUORUM_VOTERS"):
         hosts = re.findall(r"(?:://|@)([^:,]+):", envs[key])
         assert hosts and set(hosts) == {"127.0.0.1"}, key
+
+
+def test_schema_registry_is_configured_like_the_test_fixture_on_loopback() -> None:
+    registry = compose()["services"]["schema-registry"]
+    assert interpolate(registry["image"]) == LOCAL_REGISTRY_IMAGE
+    envs = {k: interpolate(str(v)) for k, v in registry["environment"].items()}
+    fixture = registry_env(8081, 9001, "/tmp/kworkers-registry/registry")
+    for key in ("QUARKUS_HTTP_HOST", "QUARKUS_HTTP_PORT", "QUARKUS_MANAGEMENT_HOST",
+                "QUARKUS_MANAGEMENT_PORT", "APICURIO_DATASOURCE_URL"):
+        assert envs[key] == fixture[key], key
+    assert envs["QUARKUS_HTTP_HOST"] == envs["QUARKUS_MANAGEMENT_HOST"] == "127.0.0.1"
 
 
 def test_worker_services_use_the_settings_variables_and_a_local_image() -> None:

@@ -82,3 +82,29 @@ def test_from_message_garbage_dead_lettered_at() -> None:
     )
     with pytest.raises(HeaderError, match="later"):
         DeadLetter.from_message(dead_message(headers=headers))
+
+
+def test_the_redriven_mark_in_list_show_json_and_the_dry_run() -> None:
+    """What `dlq list`, `dlq show` and a dry run print about redrives, from ledger markers."""
+    from kworkers.dlq.format import as_json, list_table, redriven_text, replay_line, show_lines
+    from kworkers.dlq.ledger import parse_marker
+    from kworkers.dlq.redrive_plan import Replay
+
+    dead = DeadLetter.from_message(dead_message())
+    marker = parse_marker(Message("orders.dlq.redriven", 0, 3, b"orders.dlq/0/17",
+                                  b'{"target": "orders", "partition": 2, "at_ms": 2000}'))
+    assert redriven_text(None) == "no"
+    assert redriven_text(marker) == "1970-01-01T00:00:02.000Z to orders/2"
+    marks = {"orders.dlq/0/17": marker}
+    assert (as_json(dead, 0)["redriven_at"], as_json(dead, 0)["redriven_to"]) == (None, None)
+    assert (as_json(dead, 0, marker)["redriven_at"], as_json(dead, 0, marker)["redriven_to"]
+            ) == ("1970-01-01T00:00:02.000Z", "orders/2")
+    assert "  redriven: 1970-01-01T00:00:02.000Z to orders/2" in show_lines(
+        dead_message(), dead, None, 0, None, marks)
+    assert "  redriven: no" in show_lines(dead_message(), dead, None, 0, None, {})
+    assert not any("redriven" in line for line in show_lines(dead_message(), dead, None, 0))
+    assert [c.header for c in list_table([dead], 0, None, marks).columns][-1] == "redriven"
+    assert replay_line(Replay(dead, "orders", 2), True) == (
+        "would replay orders.dlq/0@17 key=k error=Timeout -> orders/2")
+    assert replay_line(Replay(dead, "audit", None), False) == (
+        "replayed orders.dlq/0@17 key=k error=Timeout -> audit")

@@ -137,3 +137,21 @@ def test_the_plan_replays_what_agrees_and_refuses_the_rest() -> None:
     explicit = plan("orders.dlq", [BASE, forged], RedriveFilter(), set(), "orders",
                     {"orders": 3, "victim": 3})
     assert [r.topic for r in explicit.todo] == ["orders", "orders"] and not explicit.refused
+
+
+def test_only_a_dlq_is_a_dlq() -> None:
+    from kworkers.errors import ConfigError
+    from kworkers.topic_names import check_dlq
+
+    assert check_dlq("orders.dlq") == "orders"
+    assert check_dlq("my.orders.v2.dlq") == "my.orders.v2"
+    for name, needle in [
+        ("orders.retry.1s", "a retry tier of 'orders', not a DLQ; its DLQ is 'orders.dlq'"),
+        ("orders", "'orders' is not a DLQ (a DLQ is named <source>.dlq)"),
+        ("orders.dlq.redriven", "a redrive ledger, not a DLQ; its DLQ is 'orders.dlq'"),
+        ("orders.retry.1s.dlq", "is not a DLQ"),
+        ("bad name!", "is not a DLQ"),
+    ]:
+        with pytest.raises(ConfigError, match="not a DLQ") as err:
+            check_dlq(name)
+        assert needle in str(err.value)

@@ -1,4 +1,8 @@
-"""The task envelope: round trips, the exact wire bytes, and DecodeError for every bad input."""
+"""The task envelope: round trips, the exact wire bytes, and DecodeError for every bad input.
+
+The Confluent framing goes through a real schema registry:
+tests/integration/test_envelope_registry.py.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +25,7 @@ from kworkers.envelope import (
     SCHEMA_JSON,
     WORKFLOW_ID_HEADER,
     ActivityTask,
-    ConfluentWireCodec,
     EnvelopeCodec,
-    InMemoryRegistry,
     SingleObjectCodec,
     ids_from_headers,
     ids_to_headers,
@@ -105,7 +107,7 @@ tasks = st.builds(
 
 
 def _codecs() -> list[EnvelopeCodec]:
-    return [SingleObjectCodec(), ConfluentWireCodec(InMemoryRegistry())]
+    return [SingleObjectCodec()]
 
 
 @given(task=tasks)
@@ -114,50 +116,6 @@ def test_round_trip(task: ActivityTask) -> None:
         back = codec.decode(codec.encode(task))
         assert back == task
         assert back.idempotency_key == f"{task.workflow_id}/{task.activity_id}"
-
-
-# --- confluent framing ------------------------------------------------------------------------
-
-
-def test_confluent_wire_layout_and_registration() -> None:
-    registry = InMemoryRegistry()
-    registry.register("other", json.dumps({"type": "string"}))  # takes id 1
-    codec = ConfluentWireCodec(registry)
-    data = codec.encode(TASK)
-    assert data[:1] == b"\x00"
-    assert int.from_bytes(data[1:5], "big") == 2
-    assert registry.subjects["kworkers.ActivityTask"] == [2]
-    assert data[5:] == SingleObjectCodec().encode(TASK)[10:]  # the same Avro body
-    assert codec.encode(TASK) == data  # registered once, id cached
-    assert ConfluentWireCodec(registry).decode(data) == TASK  # a fresh reader looks the id up
-
-
-def test_confluent_unknown_schema_id_is_a_decode_error() -> None:
-    data = ConfluentWireCodec(InMemoryRegistry()).encode(TASK)
-    with pytest.raises(DecodeError, match="unknown schema id 1"):
-        ConfluentWireCodec(InMemoryRegistry()).decode(data)
-    with pytest.raises(DecodeError, match="unknown schema id 7"):
-        ConfluentWireCodec(InMemoryRegistry()).decode(b"\x00\x00\x00\x00\x07" + data[5:])
-
-
-def test_confluent_registry_outage_is_not_a_decode_error() -> None:
-    class Down:
-        def register(self, subject: str, schema_json: str) -> int:
-            raise ConnectionError("registry down")
-
-        def schema(self, schema_id: int) -> dict[str, Any]:
-            raise ConnectionError("registry down")
-
-    data = ConfluentWireCodec(InMemoryRegistry()).encode(TASK)
-    with pytest.raises(ConnectionError):  # transient: retried, not dead-lettered
-        ConfluentWireCodec(Down()).decode(data)
-
-
-def test_confluent_registry_schema_of_another_record_is_a_decode_error() -> None:
-    registry = InMemoryRegistry()
-    sid = registry.register("x", json.dumps({"type": "record", "name": "Other", "fields": []}))
-    with pytest.raises(DecodeError):
-        ConfluentWireCodec(registry).decode(b"\x00" + sid.to_bytes(4, "big"))
 
 
 # --- evolution: an older writer schema without headers/schema_version -------------------------
@@ -179,10 +137,6 @@ def _old_body() -> bytes:
 
 def test_older_schema_resolves_with_defaults() -> None:
     want = ActivityTask("w", "a", "t", b"p", 5)
-    registry = InMemoryRegistry()
-    sid = registry.register("kworkers.ActivityTask", json.dumps(OLD))
-    framed = b"\x00" + sid.to_bytes(4, "big") + _old_body()
-    assert ConfluentWireCodec(registry).decode(framed) == want
     fp = struct.pack("<Q", crc64_avro(to_parsing_canonical_form(parse_schema(OLD)).encode()))
     single = b"\xc3\x01" + fp + _old_body()
     assert SingleObjectCodec(older_schemas=[OLD]).decode(single) == want
@@ -209,7 +163,7 @@ MALFORMED: dict[str, Any] = {
     "empty": b"",
     "str": "not bytes",
     "wrong magic": b"\xc3\x02" + GOOD[2:],
-    "confluent bytes": ConfluentWireCodec(InMemoryRegistry()).encode(TASK),
+    "confluent bytes": b"\x00\x00\x00\x00\x01" + GOOD[10:],
     "magic only": b"\xc3\x01",
     "short header": GOOD[:7],
     "wrong fingerprint": GOOD[:2] + bytes(8) + GOOD[10:],
@@ -235,21 +189,9 @@ def test_malformed_single_object_is_a_decode_error(name: str) -> None:
 
 
 def test_every_prefix_of_a_valid_encoding_is_a_decode_error() -> None:
-    confluent = ConfluentWireCodec(InMemoryRegistry())
-    for codec, good in [(SINGLE, GOOD), (confluent, confluent.encode(TASK))]:
-        for n in range(len(good)):
-            with pytest.raises(DecodeError):
-                codec.decode(good[:n])
-
-
-@pytest.mark.parametrize(
-    "data", [None, b"", b"\x01\x00\x00\x00\x01", b"\x00\x00\x00", b"\x00\x00\x00\x00\x01\xff"]
-)
-def test_malformed_confluent_is_a_decode_error(data: bytes | None) -> None:
-    codec = ConfluentWireCodec(InMemoryRegistry())
-    codec.encode(TASK)  # registers id 1, so the last case gets past the id
-    with pytest.raises(DecodeError):
-        codec.decode(data)
+    for n in range(len(GOOD)):
+        with pytest.raises(DecodeError):
+            SINGLE.decode(GOOD[:n])
 
 
 def _decode_or_decode_error(codec: EnvelopeCodec, data: Any) -> None:
@@ -264,14 +206,9 @@ def _decode_or_decode_error(codec: EnvelopeCodec, data: Any) -> None:
 @given(data=st.one_of(st.none(), st.binary(max_size=200), st.text(max_size=10)))
 @example(data=b"\x00\x00\x00\x00\x01")
 def test_fuzz_random_bytes(data: Any) -> None:
-    registry = InMemoryRegistry()
-    confluent = ConfluentWireCodec(registry)
-    confluent.encode(TASK)
     _decode_or_decode_error(SINGLE, data)
-    _decode_or_decode_error(confluent, data)
     if isinstance(data, bytes):  # past the header: the Avro reader gets the random bytes
         _decode_or_decode_error(SINGLE, HDR + data)
-        _decode_or_decode_error(confluent, b"\x00\x00\x00\x00\x01" + data)
 
 
 @settings(max_examples=500)
@@ -383,10 +320,12 @@ def test_ids_to_headers_validates() -> None:
 
 def test_all_is_complete() -> None:
     import kworkers.envelope.envelope as impl
+    import kworkers.kafka.envelope_codec as confluent
 
-    assert sorted(envelope_pkg.__all__) == sorted(impl.__all__)
-    for name in envelope_pkg.__all__:
+    assert sorted(envelope_pkg.__all__) == sorted([*impl.__all__, "ConfluentCodec"])
+    for name in impl.__all__:
         assert getattr(envelope_pkg, name) is getattr(impl, name)
+    assert envelope_pkg.ConfluentCodec is confluent.ConfluentCodec
     public = {
         n
         for n, v in vars(impl).items()

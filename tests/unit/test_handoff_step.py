@@ -9,11 +9,11 @@ from queue import SimpleQueue
 import pytest
 
 from kworkers.clock import FakeClock
+from kworkers.consumer.handoff import HandOffStep
 from kworkers.consumer.partition import PartitionState
-from kworkers.consumer.ports import Completion
+from kworkers.consumer.ports import Completion, Delivered, SendErrorKind
 from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
-from kworkers.retry_tiers.handoff import HandOffStep, SendErrorKind
 from kworkers.retry_tiers.policy import RetryPolicy, no_jitter
 from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.tiers import TierLadder
@@ -33,10 +33,10 @@ class HeldSender:
         self.sent: list[tuple[str, Future[None]]] = []
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]:
+             headers: Headers, done: Delivered) -> None:
         fut: Future[None] = Future()
+        fut.add_done_callback(lambda x: done(x.exception()))
         self.sent.append((topic, fut))
-        return fut
 
 
 def _step(limit: int = 100) -> tuple[HandOffStep, HeldSender, SimpleQueue[Completion],
@@ -57,7 +57,7 @@ def _msg(offset: int, topic: str = "orders", attempt: int = 1) -> Message:
 def _drain(q: SimpleQueue[Completion]) -> list[tuple[list[int], int, int]]:
     out = []
     while not q.empty():
-        _ps, offsets, retried, dead, _t = q.get_nowait()
+        _ps, offsets, retried, dead, _t, _calls = q.get_nowait()
         out.append((offsets, retried, dead))
     return out
 
@@ -170,7 +170,7 @@ def test_what_a_refused_produce_means(code: str, kind: str) -> None:
     tests/faults/test_sasl.py, and with KWORKERS_FULL=1 in test_hostile_records.py)."""
     from confluent_kafka import KafkaError, KafkaException
 
-    from kworkers.retry_tiers.producer import classify_send_error
+    from kworkers.kafka.producer import classify_send_error
 
     assert classify_send_error(KafkaException(KafkaError(getattr(KafkaError, code)))) == kind
     assert classify_send_error(RuntimeError("not a Kafka error")) == "transient"

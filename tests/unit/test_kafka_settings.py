@@ -30,8 +30,15 @@ def test_a_bare_address_gives_the_configurations_kworkers_always_used() -> None:
         "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
         "group.protocol": "classic", "max.poll.interval.ms": 300_000, "log_level": 4,
         "fetch.queue.backoff.ms": 10,
-        "partition.assignment.strategy": "cooperative-sticky", "fetch.min.bytes": 10}
-    assert "partition.assignment.strategy" not in consumer_settings("h:1", "g", "consumer")
+        "statistics.interval.ms": 1000,
+        "partition.assignment.strategy": "cooperative-sticky", "fetch.min.bytes": 10,
+        # failover for worker pools: 10 s, not librdkafka's 45 s (the client decides)
+        "session.timeout.ms": 10_000, "heartbeat.interval.ms": 3_000}
+    kip848 = consumer_settings("h:1", "g", "consumer")  # the broker decides: nothing to set
+    assert not {"partition.assignment.strategy", "session.timeout.ms",
+                "heartbeat.interval.ms"} & set(kip848)
+    assert consumer_settings("h:1", "g", overrides={"session.timeout.ms": 45_000})[
+        "session.timeout.ms"] == 45_000
     assert producer_settings("h:1", {"linger.ms": 50}) == {
         "bootstrap.servers": "h:1", "enable.idempotence": True, "acks": "all",
         "linger.ms": 50, "delivery.timeout.ms": 30_000, "log_level": 4}
@@ -139,7 +146,27 @@ def test_properties_file() -> None:
         "client.id": "ops"}
 
 
+def test_java_oidc_and_pem_truststore_properties_are_translated() -> None:
+    text = (
+        "security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\n"
+        "sasl.oauthbearer.token.endpoint.url=https://idp.example/token\n"
+        "sasl.login.callback.handler.class=org.apache.kafka.common.security.oauthbearer."
+        "OAuthBearerLoginCallbackHandler\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+        f'required clientId="svc" clientSecret="{SECRET}" scope="kafka";\n'
+        "ssl.truststore.type=PEM\nssl.truststore.location=/etc/kafka/ca.pem\n")
+    assert parse_properties(text, "c.properties") == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+        "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token",
+        "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": "svc",
+        "sasl.oauthbearer.client.secret": SECRET, "sasl.oauthbearer.scope": "kafka",
+        "ssl.ca.location": "/etc/kafka/ca.pem"}
+
+
 @pytest.mark.parametrize(("text", "match"), [
+    ("sasl.login.callback.handler.class=com.example.MyHandler\n", "names a Java class"),
+    ("ssl.truststore.location=/etc/kafka/trust.jks\n", "a JKS truststore, which only Java"),
+    ("ssl.truststore.type=PKCS12\nssl.truststore.location=/t.p12\n", "a PKCS12 truststore"),
     (f"just-a-line-{SECRET}\n", "c.properties:1: expected key=value"),
     ("a=1\n[retry]\n", "c.properties:2: expected key=value"),
     ("a=1\\\n", "ends inside a continued line"),

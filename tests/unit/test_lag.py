@@ -77,3 +77,18 @@ def test_agrees_with_the_keda_replica_calculator() -> None:
                 p = keda.PartitionOffsets("t", 0, latest, committed)
                 assert keda.partition_lag(s, p, None)[0] == partition_lag(
                     latest, committed, policy, zero)
+
+
+def test_tiers_are_shown_by_delay_not_as_text() -> None:
+    """`10m` sorts before `1s` as text; a pipeline reads source, tiers by delay, DLQ."""
+    from kworkers.console.groups import tier_backlogs
+    from kworkers.topic_names import topic_order
+
+    names = ["o.retry.10m", "o.dlq", "o.retry.1s", "o.retry.500ms", "o", "o.retry.2h",
+             "o.retry.30s"]
+    assert sorted(names, key=topic_order) == [
+        "o", "o.retry.500ms", "o.retry.1s", "o.retry.30s", "o.retry.10m", "o.retry.2h", "o.dlq"]
+    rows = [(t, 0, 5, 1) for t in ("o.retry.10m", "o.retry.1s", "o.retry.2m")]
+    g = group_lag("g.retry", rows, "earliest", False, {})
+    assert [p.topic for p in g.partitions] == ["o.retry.1s", "o.retry.2m", "o.retry.10m"]
+    assert [b.topic for b in tier_backlogs(g)] == ["o.retry.1s", "o.retry.2m", "o.retry.10m"]

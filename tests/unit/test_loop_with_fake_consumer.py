@@ -17,6 +17,7 @@ import pytest
 
 from kworkers import ConfigError, Worker
 from kworkers.consumer.commit import CommitPolicy
+from kworkers.consumer.ports import Delivered
 from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
 
@@ -42,6 +43,7 @@ class ScriptedConsumer:
         self.records = list(records)
         self.commit_script = list(commit_script)
         self.commits: list[tuple[dict[TP, int], str]] = []
+        self.results: list[tuple[dict[TP, int], BaseException | None]] = []
         self.paused: set[TP] = set()
         self.on_assign: Callable[[list[TP]], None] | None = None
         self.on_revoke: Callable[[list[TP]], None] | None = None
@@ -65,11 +67,24 @@ class ScriptedConsumer:
             time.sleep(min(timeout, 0.01))
         return out
 
-    def commit(self, positions: dict[TP, int]) -> None:
+    def commit_async(self, positions: dict[TP, int]) -> None:
+        """A commit sent; its scripted outcome is reported with the next results."""
         step = self.commit_script.pop(0) if self.commit_script else None
         self.commits.append((dict(positions), "ok" if step is None else step.__name__))
-        if step is not None:
-            raise step("injected")
+        self.results.append((dict(positions), None if step is None else step("injected")))
+
+    def commit_results(self) -> list[tuple[dict[TP, int], BaseException | None]]:
+        out, self.results = self.results, []
+        return out
+
+    def group_metadata(self) -> object:
+        return ("group-metadata", self.group)
+
+    def coordinator_contact(self) -> float | None:
+        return None
+
+    def session_timeout(self) -> float | None:
+        return None
 
     def pause(self, tps: list[TP]) -> None:
         self.paused |= set(tps)
@@ -79,6 +94,9 @@ class ScriptedConsumer:
 
     def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
         raise LookupError("nothing cached")
+
+    def position(self, tps: list[TP]) -> dict[TP, int | None]:
+        return dict.fromkeys(tps)
 
     def close(self) -> None:
         self.closed = True
@@ -95,11 +113,11 @@ class RecordingSender:
         self.sent: list[tuple[str, bytes | None]] = []
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]:
+             headers: Headers, done: Delivered) -> None:
         self.sent.append((topic, value))
         f: Future[None] = Future()
+        f.add_done_callback(lambda x: done(x.exception()))
         f.set_result(None)
-        return f
 
 
 def _msgs(n: int, partition: int = 0) -> list[Message]:
@@ -131,7 +149,7 @@ class _Harness:
         deadline = time.monotonic() + 30
         while not self.worker.loops and time.monotonic() < deadline:
             time.sleep(0.001)
-        self.worker.loops[0].committer.sleep = self.sleeps.append
+        self.worker.loops[0].committer.waits = self.sleeps  # waits in loop time, not sleeps
         self.consumer.go.set()
 
     def stop(self) -> None:

@@ -19,7 +19,8 @@ HEAVY = ("confluent_kafka", "prometheus_client")
 PURE = ["kworkers.keda", "kworkers.lag", "kworkers.settings", "kworkers.config",
         "kworkers.errors", "kworkers.message", "kworkers.topic_names", "kworkers.topic_plan",
         "kworkers.kafka.settings", "kworkers.retry_tiers", "kworkers.consumer.offsets",
-        "kworkers.consumer.commit", "kworkers.dlq", "kworkers.deploy"]
+        "kworkers.consumer.commit", "kworkers.dlq", "kworkers.deploy", "kworkers.envelope",
+        "kworkers.payloads", "kworkers.payloads.failures"]
 
 
 def _loaded(module: str) -> set[str]:
@@ -79,3 +80,75 @@ def test_shipped_code_never_imports_test_support() -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
     # canary: the scan finds test support where it is imported
     assert "kworkers.testing.broker" in _imports(PACKAGE / "testing" / "pytest_plugin.py")
+
+
+# --- the engine is closed, the client lives in one package ----------------------------------
+
+#: the schema-registry client modules of issue #29, still outside ``kworkers/kafka/``
+#: (moved there once that work lands; see docs/ARCHITECTURE.md)
+_REGISTRY_CLIENT = {"kworkers/kafka/envelope_codec.py", "kworkers/payloads/serde.py",
+                    "kworkers/kafka/schema_registry.py"}
+
+
+def _import_nodes(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names imported from it) for every import in ``path``, nested ones too."""
+    out: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+    return out
+
+
+def _package_of(path: Path, root: Path) -> str:
+    return ".".join(("kworkers", *path.relative_to(root).parts[:-1]))
+
+
+def _shape_findings(root: Path) -> list[str]:
+    """Every import that breaks the engine's rules, as ``path: what``."""
+    findings: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root.parent))
+        parts = path.relative_to(root).parts
+        for module, names in _import_nodes(path):
+            if parts[0] == "consumer" and (
+                    module in ("kworkers.config", "kworkers.worker", "kworkers.wiring")
+                    or module.startswith("kworkers.retry_tiers.handoff")):
+                findings.append(f"{rel}: the engine imports {module}")
+            if module.split(".")[0] == "confluent_kafka" and parts[0] not in ("kafka",
+                                                                              "testing") \
+                    and rel not in _REGISTRY_CLIENT:
+                findings.append(f"{rel}: imports {module} outside kworkers/kafka/")
+            if module.startswith("kworkers."):
+                own = _package_of(path, root)
+                theirs = module.rsplit(".", 1)[0] if module.count(".") > 1 else module
+                for name in names:
+                    if name.startswith("_") and not module.startswith(own) \
+                            and theirs != own:
+                        findings.append(f"{rel}: imports the private {module}.{name}")
+    return findings
+
+
+def test_the_engine_is_closed_and_the_client_lives_in_one_package() -> None:
+    assert _shape_findings(PACKAGE) == []
+
+
+def test_the_shape_check_can_fail(tmp_path: Path) -> None:
+    """The canary: a copy of the rules' three breaches, each found."""
+    pkg = tmp_path / "kworkers"
+    (pkg / "consumer").mkdir(parents=True)
+    (pkg / "share").mkdir()
+    (pkg / "consumer" / "loop.py").write_text(
+        "from kworkers.config import WorkerConfig\nfrom confluent_kafka import Consumer\n")
+    (pkg / "share" / "x.py").write_text("from kworkers.kafka.consumer import _headers\n")
+    found = _shape_findings(pkg)
+    assert any("the engine imports kworkers.config" in f for f in found), found
+    assert any("imports confluent_kafka outside" in f for f in found), found
+    assert any("private kworkers.kafka.consumer._headers" in f for f in found), found
+
+
+def test_the_client_package_root_imports_no_adapter() -> None:
+    init = PACKAGE / "kafka" / "__init__.py"
+    mods = [m for m, _names in _import_nodes(init)]
+    assert all(m in ("kworkers.kafka.settings", "__future__") for m in mods), mods

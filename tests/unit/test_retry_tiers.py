@@ -7,7 +7,8 @@ import math
 import pytest
 
 from kworkers.errors import ConfigError
-from kworkers.retry_tiers.tiers import Tier, TierLadder, source_topic_of
+from kworkers.retry_tiers.tiers import Tier, TierLadder
+from kworkers.topic_names import source_topic_of
 
 
 def test_default_ladder_names() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kworkers.clock import FakeClock
-from kworkers.errors import ConfigError, NonRetryableError
+from kworkers.errors import ConfigError, NonRetryableError, failure_type
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers.headers import (
     MAX_HEADER_VALUE,
@@ -19,8 +19,13 @@ from kworkers.retry_tiers.headers import (
     last_value,
 )
 from kworkers.retry_tiers.policy import RetryPolicy, no_jitter
-from kworkers.retry_tiers.router import FailureRouter
-from kworkers.retry_tiers.tier_record import MAX_CLOCK_SKEW_S, TierRules, check_tier_record
+from kworkers.retry_tiers.router import FailureRouter, HandOff
+from kworkers.retry_tiers.tier_record import (
+    MAX_CLOCK_SKEW_S,
+    CorruptTierRecord,
+    TierRules,
+    check_tier_record,
+)
 from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.topic_names import dlq_source
 from tests.tier_records import retry_record, retry_record_headers
@@ -34,6 +39,22 @@ TIER = "orders.retry.1s"
 
 def _router() -> FailureRouter:
     return FailureRouter(POLICY, LADDER, "billing", no_jitter, FakeClock(NOW))
+
+
+def _through_gate(msg: Message, exc: BaseException) -> HandOff:
+    """A tier record's way to the router in a worker: read through the tier gate, which checks
+    it once; a refused one goes on as the gate's verdict, an admitted one fails with ``exc``."""
+    from kworkers.consumer.partition import PartitionState, Poisoned
+    from kworkers.consumer.tier_gate import TierGate
+
+    gate = TierGate(10, RULES, _Sink(), FakeClock(NOW))
+    ps = PartitionState(msg.topic, msg.partition)
+    ps.tracker.track(msg.offset)
+    item = gate.admit(ps, msg, NOW)
+    if isinstance(item, Poisoned):
+        return _router().plan(item.msg, item.exc)
+    assert item is not None, "the record waits in the heap"
+    return _router().plan(item, exc)
 
 
 def _forged(origin: bytes, group: bytes = b"billing") -> Headers:
@@ -82,7 +103,7 @@ def test_a_well_formed_tier_record_keeps_its_origin_and_goes_to_its_own_ladder()
 def test_a_tier_record_naming_another_origin_goes_to_its_own_dlq_with_the_reason(
         origin: bytes) -> None:
     msg = Message(TIER, 1, 9, b"k", b"v", _forged(origin), None, 2)
-    plan = _router().plan(msg, RuntimeError("handler failed"))
+    plan = _through_gate(msg, RuntimeError("handler failed"))
     assert (plan.destination, plan.topic) == ("dlq", "orders.dlq")
     info = failure_of(plan.headers)
     assert info is not None
@@ -172,7 +193,7 @@ def test_each_corrupt_header_is_a_clear_reason_never_a_crash(name: str, value: b
     assert name in str(err.value) and why in str(err.value), str(err.value)
     assert len(str(err.value)) < 400
     # the router places it in its own DLQ with that reason, whatever the handler said
-    plan = _router().plan(msg, RuntimeError("handler"))
+    plan = _through_gate(msg, RuntimeError("handler"))
     assert plan.topic == "orders.dlq"
     info = failure_of(plan.headers)
     assert info is not None and name in info.error_message
@@ -225,7 +246,7 @@ def test_the_gate_skips_another_groups_retry_and_poisons_a_forged_one() -> None:
     from kworkers.consumer.partition import PartitionState, Poisoned
     from kworkers.consumer.tier_gate import TierGate
 
-    gate = TierGate(10, 10, RULES, _Sink(), FakeClock(NOW))
+    gate = TierGate(10, RULES, _Sink(), FakeClock(NOW))
     ps = PartitionState(TIER, 0)
     records = [
         retry_record(TIER, 0, 0, "billing", NOW + 0.5, now=NOW),  # ours, not yet due
@@ -249,7 +270,9 @@ def test_the_gate_never_raises_out_of_admit() -> None:
     from kworkers.consumer.partition import PartitionState, Poisoned
     from kworkers.consumer.tier_gate import TierGate
 
-    gate = TierGate(10, 10, RULES, _Sink(), FakeClock(NOW))
+    gate = TierGate(10, RULES, _Sink(), FakeClock(NOW))
     stray = Message("elsewhere.retry.7s", 0, 0, None, None, (), None)
     item = gate.admit(PartitionState(stray.topic, 0), stray, NOW)
-    assert isinstance(item, Poisoned) and isinstance(item.exc, ConfigError)
+    assert isinstance(item, Poisoned) and isinstance(item.exc, CorruptTierRecord)
+    assert isinstance(item.exc.__cause__, ConfigError)
+    assert failure_type(item.exc) == "ConfigError"  # the dead letter names what failed

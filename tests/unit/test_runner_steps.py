@@ -20,6 +20,9 @@ class _NoRuntime:
     def run(self, *_a: object) -> None:
         raise AssertionError("the test drives the skeleton itself")
 
+    def contended(self) -> bool:
+        return False
+
     def shutdown(self) -> None:
         pass
 
@@ -66,8 +69,9 @@ def _drive(steps: Steps, fail: set[int], hand_off: bool = True) -> list[str]:
 def test_runs_in_order_hands_off_failures_and_reports_each_outcome() -> None:
     r = _runner()
     ps = PartitionState("t", 0)
-    ps.lane.running = True
-    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2), 0, None), fail={1})
+    start = ps.lane.offer(_msgs(0, 1, 2))
+    assert start is not None
+    asked = _drive(r.steps(ps.lane, *start, None), fail={1})
     assert asked == ["run 0", "run 1", "hand-off 1 ValueError", "run 2"]
     reported = r.done.get_nowait()
     # offset 1 is the hand-off step's to complete, once the broker acknowledged it
@@ -78,10 +82,11 @@ def test_runs_in_order_hands_off_failures_and_reports_each_outcome() -> None:
 def test_takes_what_was_queued_meanwhile() -> None:
     r = _runner()
     ps = PartitionState("t", 0)
-    ps.lane.running = True
-    steps = r.steps(ps.lane, _msgs(0), 0, None)
+    start = ps.lane.offer(_msgs(0))
+    assert start is not None
+    steps = r.steps(ps.lane, *start, None)
     assert next(steps) == _msgs(0)[0]
-    ps.lane.queue.extend(_msgs(1))  # the poll thread enqueued while offset 0 ran
+    assert ps.lane.offer(_msgs(1)) is None  # the poll thread enqueued while offset 0 ran
     assert _drive_rest(steps) == ["run 1"]
 
 
@@ -108,10 +113,11 @@ def test_a_poisoned_record_is_handed_off_without_running() -> None:
 def test_a_revoke_stops_the_runner_and_drops_the_queue() -> None:
     r = _runner()
     ps = PartitionState("t", 0)
-    ps.lane.running = True
-    steps = r.steps(ps.lane, _msgs(0, 1), 0, None)
+    start = ps.lane.offer(_msgs(0, 1))
+    assert start is not None
+    steps = r.steps(ps.lane, *start, None)
     next(steps)
-    ps.lane.queue.extend(_msgs(2))
+    assert ps.lane.offer(_msgs(2)) is None
     ps.stop_dispatch()
     try:
         steps.send(None)
@@ -119,7 +125,7 @@ def test_a_revoke_stops_the_runner_and_drops_the_queue() -> None:
     except StopIteration:
         pass
     assert r.done.get_nowait()[1] == [0]  # offset 0 finished and is reported; 1 never ran
-    assert ps.lane.queue == [] and not ps.lane.running
+    assert ps.lane.idle()
 
 
 def test_an_abandoned_hand_off_completes_nothing_after_it() -> None:
@@ -133,10 +139,15 @@ def test_an_abandoned_hand_off_completes_nothing_after_it() -> None:
 def test_a_lane_taken_by_the_deadline_fences_the_late_result() -> None:
     r = _runner(timeout=1.0)
     ps = PartitionState("t", 0)
-    steps = r.steps(ps.lane, _msgs(0, 1), 0, None)
+    start = ps.lane.offer(_msgs(0, 1))
+    assert start is not None
+    steps = r.steps(ps.lane, *start, None)
     assert next(steps) == _msgs(0)[0]
     assert ps.lane.current == _msgs(0)[0]  # watched
-    ps.lane.incarnation += 1  # the watchdog took the lane while offset 0 was stuck
+    cur = ps.lane.current
+    assert cur is not None
+    taken = ps.lane.take_over(cur)  # the watchdog took the lane while offset 0 was stuck
+    assert taken is not None and taken[1] == 1
     try:
         steps.send(None)  # offset 0's late result
         raise AssertionError("the stale runner should have stopped")
@@ -149,8 +160,12 @@ def test_a_fresh_runner_hands_off_the_timed_out_record_first() -> None:
     r = _runner(timeout=1.0)
     ps = PartitionState("t", 0)
     stuck = Message("t", 0, 0, None, b"")
-    ps.lane.incarnation = 1  # bumped by the watchdog that started this runner
-    asked = _drive(r.steps(ps.lane, _msgs(1), 1, stuck), fail=set())
+    start = ps.lane.offer([stuck, *_msgs(1)])
+    assert start is not None and ps.lane.begin(start[1], stuck, 0.0, start[0], 0)
+    taken = ps.lane.take_over(stuck)  # the watchdog that starts this runner
+    assert taken is not None
+    rest, inc, timed_out = taken
+    asked = _drive(r.steps(ps.lane, rest, inc, timed_out), fail=set())
     assert asked == ["hand-off 0 TimeoutError", "run 1"]
 
 
@@ -159,15 +174,16 @@ def test_an_open_breaker_holds_the_lane_in_order_and_lets_one_probe_through() ->
     b = Breaker(BreakerPolicy(min_attempts=2, window_s=10, cooldown_s=5), clock)
     r = _runner(breaker=b)
     ps = PartitionState("t", 0)
-    ps.lane.running = True
-    ps.lane.queue = _msgs(9)  # enqueued behind the batch meanwhile
-    asked = _drive(r.steps(ps.lane, _msgs(0, 1, 2, 3), 0, None), fail={0, 1})
+    start = ps.lane.offer(_msgs(0, 1, 2, 3))
+    assert start is not None
+    assert ps.lane.offer(_msgs(9)) is None  # enqueued behind the batch meanwhile
+    asked = _drive(r.steps(ps.lane, *start, None), fail={0, 1})
     # two retryable failures of two attempts: open; offsets 2, 3 are held, not run
     assert asked == ["run 0", "hand-off 0 ValueError", "run 1", "hand-off 1 ValueError"]
-    assert [m.offset for m in ps.lane.queue] == [2, 3, 9]  # type: ignore[union-attr]
-    assert not ps.lane.running
+    assert [m.offset for m in ps.lane.queued()] == [2, 3, 9]  # type: ignore[union-attr]
+    assert not ps.lane.running and ps.lane.held()
     clock.advance(7)  # past the cool-down (at most 5 s + a fifth of jitter)
-    held, ps.lane.queue = ps.lane.queue, []
-    ps.lane.running = True
-    asked = _drive(r.steps(ps.lane, held, 0, None), fail=set())
+    again = ps.lane.offer([])  # the poll loop restarts the lane it held
+    assert again is not None
+    asked = _drive(r.steps(ps.lane, *again, None), fail=set())
     assert asked == ["run 2", "run 3", "run 9"]  # the probe succeeded: closed again

@@ -252,3 +252,21 @@ def test_a_properties_file_holds_client_properties_only(tmp_path: Path) -> None:
     props.write_text("[retry]\nmax_attempts = 2\n")
     with pytest.raises(ConfigError, match=r"client.properties:1: .* must end in \.toml"):
         load_file(props)
+
+
+def test_a_rate_limit_comes_from_toml_env_or_the_flag(tmp_path: Path) -> None:
+    """``[rate_limit]`` in kworkers.toml, ``KWORKERS_RATE_LIMIT_*``, ``--rate-limit 50/s``:
+    setting any of its fields switches the limit on, the others keep their defaults."""
+    from kworkers.pace import RateLimit
+
+    toml = tmp_path / "kworkers.toml"
+    toml.write_text('[rate_limit]\nper_second = 20\nscope = "replica"\n')
+    cfg = resolve(BASE, {}, {"KWORKERS_RATE_LIMIT_BURST": "30"}, toml)
+    assert cfg.rate_limit == RateLimit(per_second=20.0, burst=30, scope="replica")
+    flags: dict[str, object] = {"rate_limit.per_second": parse_rate("600/m")}
+    cfg = resolve(BASE, flags, {}, toml)
+    assert cfg.rate_limit == RateLimit(per_second=10.0, scope="replica")
+    assert resolve(BASE, {}, {}, None).rate_limit is None  # off unless asked for
+    with pytest.raises(ConfigError, match="KWORKERS_RATE_LIMIT_SCOPE"):
+        resolve(BASE, {}, {"KWORKERS_RATE_LIMIT_PER_SECOND": "5",
+                           "KWORKERS_RATE_LIMIT_SCOPE": "everyone"}, None)

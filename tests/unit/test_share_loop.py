@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from kworkers import NonRetryableError, RetryableError, RetryPolicy, TierLadder, Worker
+from kworkers.consumer.ports import Delivered
 from kworkers.errors import WorkerFailed
 from kworkers.message import Headers, Message
 from kworkers.share import delivery_count
@@ -131,7 +132,16 @@ class TierStub:
         time.sleep(min(timeout, 0.01))
         return []
 
-    def commit(self, positions: Any) -> None:
+    def commit_async(self, positions: Any) -> None:
+        return None
+
+    def commit_results(self) -> list[Any]:
+        return []
+
+    def coordinator_contact(self) -> float | None:
+        return None
+
+    def session_timeout(self) -> float | None:
         return None
 
     def pause(self, tps: Any) -> None:
@@ -141,6 +151,9 @@ class TierStub:
 
     def watermarks(self, tp: Any, timeout: float) -> tuple[int, int]:
         raise LookupError
+
+    def position(self, tps: Any) -> dict[Any, int | None]:
+        return dict.fromkeys(tps)
 
     def close(self) -> None:
         return None
@@ -159,8 +172,9 @@ class Sender:
         self.pending: list[tuple[Future[None], bytes | None]] = []
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]:
+             headers: Headers, done: Delivered) -> None:
         f: Future[None] = Future()
+        f.add_done_callback(lambda x: done(x.exception()))
         self.sent.append((topic, value, headers))
         self.model.events.append(f"sent {topic} {value!r}")
         if self.hold:
@@ -168,7 +182,6 @@ class Sender:
         else:
             self.model.events.append(f"acked {value!r}")
             f.set_result(None)
-        return f
 
     def release(self) -> None:
         for f, value in self.pending:

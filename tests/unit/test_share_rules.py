@@ -9,9 +9,9 @@ import pytest
 from kworkers import ConfigError, Message, WorkerConfig, is_non_retryable
 from kworkers.clock import FakeClock
 from kworkers.kafka.settings import ClientSettings, share_consumer_settings
+from kworkers.kafka.share_consumer import offset_reset_of
 from kworkers.settings import from_env
 from kworkers.share.backlog import BacklogReporter, estimate
-from kworkers.share.consumer import offset_reset_of
 from kworkers.share.gate import LockGate
 from kworkers.share.ports import GroupSettings
 from kworkers.share.rules import CHUNK_S, MAX_CHUNK, DeliveryLimitReached, ShareRules

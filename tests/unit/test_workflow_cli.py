@@ -101,3 +101,32 @@ def test_through_the_kworkers_command_errors_are_one_line_without_secrets(
     assert code == 2 and out == ""
     assert err.startswith("kworkers: error: ") and err.count("\n") == 1, err
     assert "hunter2" not in err and "Traceback" not in err
+
+
+def test_signal_and_show_what_a_run_waits_for(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kworkers workflow signal`` keeps a signal sent before the wait; ``show`` prints the
+    timer a run sleeps on and the signal it waits for (no broker: the steps are run by hand)."""
+    from examples.approval.app import make_engine
+    from kworkers.idempotency import SqliteStore
+    from tests.apps.workflow_checks import Harness
+
+    url = f"sqlite:///{tmp_path}/a.db"
+    monkeypatch.setenv("KWORKERS_STORE_URL", url)
+    app = "examples.approval.app:engine"
+    r = _run("start", app, "approval", "--id", "d-1", "--input", '{"cooling_s": 30}')
+    assert r.exit_code == 0, r.output
+    store = SqliteStore(f"{tmp_path}/a.db")
+    h = Harness(make_engine(store))
+    h.pump()
+    shown = _run("show", "d-1")
+    assert "waits for timer until" in shown.output, shown.output
+    assert json.loads(_run("show", "d-1", "--json").output)["wait"]["signal"] is None
+    r = _run("signal", app, "d-1", "decision", "--payload", '{"approve": true}')
+    assert r.exit_code == 0 and "kept until a step waits" in r.output, r.output
+    assert "signal 'decision' sent" in _run("show", "d-1").output
+    r = _run("signal", app, "d-1", "decision", "--payload", "{nope")
+    assert r.exit_code != 0 and "--payload is not JSON" in str(r.exception)
+    r = _run("signal", app, "ghost", "decision")
+    assert r.exit_code != 0 and "no workflow run 'ghost'" in str(r.exception)
+    store.close()

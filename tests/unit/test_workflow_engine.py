@@ -216,7 +216,8 @@ class _CheckpointThenProduce(ActivityRunner):
     crash: bool = True
     _later: tuple[bytes, bytes, Headers] | None = None
 
-    def handoff(self, conn: Any, key: bytes, value: bytes, headers: Headers) -> None:
+    def handoff(self, conn: Any, key: bytes, value: bytes, headers: Headers,
+                not_before: float = 0.0) -> None:
         self._later = (key, value, headers)
 
     def __call__(self, msg: Message) -> None:
@@ -543,3 +544,29 @@ def test_with_opentelemetry_one_trace_links_every_step_span(store: Any) -> None:
     parents = [format(s.parent.span_id, "016x") for s in spans]
     assert parents[0] == "4" * 16
     assert parents[1:] == [format(s.context.span_id, "016x") for s in spans[:2]]
+
+
+def test_a_step_cut_off_by_a_crash_counts_as_an_attempt(store: Any) -> None:
+    """The first attempt dies mid-step (it reports nothing), the redelivery completes it: the
+    history shows 2 attempts, and ``running`` in between (it used to show 1)."""
+    calls = {"n": 0}
+    wf = Workflow("cut")
+    seen: list[tuple[str, int]] = []
+
+    @wf.step
+    def slow(ctx: StepContext) -> int:
+        calls["n"] += 1
+        rows = engine.tables.history("c1")
+        seen.append((rows[0].status, rows[0].attempts) if rows else ("no row", 0))
+        if calls["n"] == 1:
+            raise Crash("killed mid-step")
+        return ctx.attempt
+
+    engine = _engine(store, wf)
+    h = Harness(engine)
+    engine.start("cut", "c1")
+    h.pump()
+    assert h.crashes == 1
+    [step] = engine.tables.history("c1")
+    assert (step.status, step.attempts, step.result) == ("completed", 2, "1")
+    assert seen == [("running", 1), ("running", 2)]  # each start counted before the step ran

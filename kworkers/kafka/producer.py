@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from kworkers.consumer.ports import Delivered, SendErrorKind
 from kworkers.message import Headers
-from kworkers.retry_tiers.handoff import SendErrorKind
 
 #: refusals no retry can change: the record goes to its DLQ instead (see ``handoff``)
 _PERMANENT = frozenset({
@@ -42,7 +41,8 @@ def classify_send_error(exc: BaseException) -> SendErrorKind:
 
 
 class KafkaSender:
-    """Idempotent producer whose futures resolve on delivery reports.
+    """Idempotent producer that reports each record's fate to its ``done`` from the delivery
+    reports.
 
     A thread of its own serves delivery callbacks, so neither the poll loop nor a handler has
     to remember to call ``poll``.
@@ -60,27 +60,21 @@ class KafkaSender:
             self._p.poll(0.05)
 
     def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers) -> Future[None]:
-        fut: Future[None] = Future()
-
+             headers: Headers, done: Delivered) -> None:
         def delivered(err: KafkaError | None, _msg: Any) -> None:
-            if err is not None:
-                fut.set_exception(KafkaException(err))
-            else:
-                fut.set_result(None)
+            done(None if err is None else KafkaException(err))
 
         for _ in range(100):
             try:
                 self._p.produce(topic, value=value, key=key, headers=list(headers),
                                 on_delivery=delivered)
-                return fut
+                return
             except BufferError:  # local queue full: let deliveries drain, then try again
                 self._p.poll(0.05)
             except KafkaException as exc:
-                fut.set_exception(exc)
-                return fut
-        fut.set_exception(BufferError("producer queue stayed full"))
-        return fut
+                done(exc)
+                return
+        done(BufferError("producer queue stayed full"))
 
     def flush(self, timeout: float = 30.0) -> int:
         return int(self._p.flush(timeout))
@@ -93,3 +87,36 @@ class KafkaSender:
         self._p.flush(timeout)
         self._closed.set()
         self._thread.join(timeout=5)
+
+
+Record = tuple[bytes | None, bytes | None, Headers]
+
+
+def write(conf: Mapping[str, Any], topic: str, records: Iterable[Record],
+          partition: int | None = None, timeout: float = 30.0
+          ) -> tuple[list[tuple[int, int]], list[str]]:
+    """Produces ``records`` (key, value, headers) to ``topic`` and waits for them: where each
+    landed (partition, offset), in delivery order, and why any did not (the client's words).
+    For operator commands (``kworkers produce``), not for a worker's hand-offs."""
+    landed: list[tuple[int, int]] = []
+    failed: list[str] = []
+
+    def report(err: KafkaError | None, m: Any) -> None:
+        if err is not None:
+            failed.append(err.str())
+        else:
+            landed.append((int(m.partition()), int(m.offset())))
+
+    p = Producer(dict(conf))
+    for key, value, headers in records:
+        hs: list[tuple[str, str | bytes | None]] = list(headers)
+        if partition is None:
+            p.produce(topic, value=value, key=key, headers=hs, on_delivery=report)
+        else:
+            p.produce(topic, value=value, key=key, headers=hs, on_delivery=report,
+                      partition=partition)
+        p.poll(0)
+    left = int(p.flush(timeout))
+    if left:
+        failed += ["delivery timed out"] * left
+    return landed, failed

@@ -34,11 +34,11 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._resource import ResourceType
 
-from kworkers.consumer.kafka import _headers  # one conversion of client headers
 from kworkers.consumer.ports import TP
 from kworkers.errors import ConfigError
 from kworkers.kafka import clients
 from kworkers.kafka.clients import reason
+from kworkers.kafka.consumer import headers_of
 from kworkers.kafka.settings import OFFSET_RESET, ClientSettings
 from kworkers.message import Message
 from kworkers.share.ports import (
@@ -103,7 +103,8 @@ class ShareConsumerAdapter:
             h = m.headers()
             ts = m.timestamp()
             msg = new(Message, (m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                _headers(h) if h else (), ts[1] if ts[0] else None, 1))
+                                headers_of(h) if h else (), ts[1] if ts[0] else None, 1,
+                                None, None, False))
             out.append(Acquired(msg, m.delivery_count() or 1))
         return out
 

@@ -1,9 +1,11 @@
-"""How ``kworkers dlq list|show`` print dead letters (pure formatting, no broker).
+"""How dead letters are shown to an operator, by `kworkers dlq list|show` and the console (pure
+formatting, no broker).
 
 Keys and values are bytes: they are shown as text when they are printable UTF-8 and as hex
 otherwise, so a binary key never garbles a terminal and a text key is never shown as hex.
 Spring's ``kafka_dlt-original-partition|offset|timestamp`` headers are big-endian integers and
-are decoded as such. A value is shown as a kworkers task envelope (Avro single-object
+are decoded as such. A value is shown as the schema registry decodes it when one is given
+(``kworkers.kafka.schema_registry``), as a kworkers task envelope (Avro single-object
 encoding) when it decodes as one.
 """
 
@@ -11,13 +13,18 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from kworkers.dlq.ledger import Replayed
 from kworkers.dlq.record import DeadLetter
+from kworkers.dlq.redrive_plan import Replay, ledger_key
 from kworkers.message import Message
+
+if TYPE_CHECKING:
+    from kworkers.kafka.schema_registry import ValueView
 
 _BINARY_INT_HEADERS = {
     "kafka_dlt-original-partition": (">i", "int32"),
@@ -76,20 +83,44 @@ def age_text(seconds: float) -> str:
     return f"{d}d{h:02d}h"
 
 
-def list_table(dead: Sequence[DeadLetter], now: float, title: str | None = None) -> Table:
+def redriven_text(mark: Replayed | None) -> str:
+    """``no``, or when and where a redrive replayed the dead letter (from the ledger)."""
+    if mark is None:
+        return "no"
+    return f"{iso(mark.at) if mark.at is not None else 'yes'} to {mark.where}"
+
+
+def list_table(dead: Sequence[DeadLetter], now: float, title: str | None = None,
+               marks: Mapping[str, Replayed] | None = None) -> Table:
+    """The dead letters; ``marks`` (the ledger's markers) adds the ``redriven`` column."""
     t = Table(title=title, show_lines=False, header_style="bold")
-    for col in ("dlq p@offset", "original topic/partition@offset", "key", "attempts",
-                "error type", "reason", "last failure", "age"):
-        t.add_column(col, no_wrap=col != "key", overflow="fold")
+    cols = ["dlq p@offset", "original topic/partition@offset", "key", "attempts",
+            "error type", "reason", "last failure", "age"]
+    if marks is not None:
+        cols.append("redriven")
+    for col in cols:
+        t.add_column(col, no_wrap=col not in ("key", "redriven"), overflow="fold")
     for d in dead:
-        t.add_row(f"{d.dlq_partition}@{d.dlq_offset}",
-                  f"{d.original_topic}/{d.original_partition}@{d.original_offset}",
-                  bytes_text(d.key, 40), str(d.attempts), d.error_type, d.reason,
-                  iso(d.last_failure_at), age_text(d.age(now)))
+        row = [f"{d.dlq_partition}@{d.dlq_offset}",
+               f"{d.original_topic}/{d.original_partition}@{d.original_offset}",
+               bytes_text(d.key, 40), str(d.attempts), d.error_type, d.reason,
+               iso(d.last_failure_at), age_text(d.age(now))]
+        if marks is not None:
+            row.append(redriven_text(marks.get(ledger_key(d))))
+        t.add_row(*row)
     return t
 
 
-def as_json(d: DeadLetter, now: float) -> dict[str, Any]:
+def replay_line(r: Replay, dry_run: bool) -> str:
+    """One replay of a redrive: which dead letter, its key and error, where it goes."""
+    d = r.dead
+    where = r.topic if r.partition is None else f"{r.topic}/{r.partition}"
+    return (f"{'would replay' if dry_run else 'replayed'} {d.dlq_topic}/{d.dlq_partition}@"
+            f"{d.dlq_offset} key={bytes_text(d.key, 40)} error={d.error_type} -> {where}")
+
+
+def as_json(d: DeadLetter, now: float, mark: Replayed | None = None) -> dict[str, Any]:
+    """``redriven_at`` and ``redriven_to`` are null until a redrive replayed it."""
     return {
         "dlq_topic": d.dlq_topic, "dlq_partition": d.dlq_partition, "dlq_offset": d.dlq_offset,
         "original_topic": d.original_topic, "original_partition": d.original_partition,
@@ -98,6 +129,8 @@ def as_json(d: DeadLetter, now: float) -> dict[str, Any]:
         "reason": d.reason, "group": d.group, "first_failure_at": iso(d.first_failure_at),
         "last_failure_at": iso(d.last_failure_at), "dead_lettered_at": iso(d.dead_lettered_at),
         "age_seconds": round(d.age(now), 3),
+        "redriven_at": None if mark is None or mark.at is None else iso(mark.at),
+        "redriven_to": None if mark is None else mark.where,
     }
 
 
@@ -127,9 +160,24 @@ def envelope_text(value: bytes | None) -> list[str] | None:
     return lines
 
 
+def registry_lines(view: ValueView, size: int) -> list[str]:
+    """A value as the schema registry decoded it; None-decoded says why (then text or hex)."""
+    kind = view.schema_type or "unknown type"
+    subjects = ", ".join(view.subjects) or "(none found)"
+    if view.decoded is None:
+        return [f"value: schema id {view.schema_id} ({kind}, subject {subjects}) not decoded "
+                f"through the registry: {view.problem}"]
+    return [f"value: {kind} through the schema registry (schema id {view.schema_id}, "
+            f"subject {subjects}, {size} bytes)",
+            *(f"  {line}" for line in view.decoded.splitlines())]
+
+
 def show_lines(msg: Message, dead: DeadLetter | None, problem: str | None,
-               now: float) -> list[str]:
-    """Everything about one DLQ record, as plain lines (no markup: values are user data)."""
+               now: float, registry: ValueView | None = None,
+               marks: Mapping[str, Replayed] | None = None) -> list[str]:
+    """Everything about one DLQ record, as plain lines (no markup: values are user data).
+    ``registry``: the value seen through a schema registry, when one was given; ``marks``:
+    the redrive ledger's markers (a ``redriven`` line)."""
     out = [f"record {msg.topic}/{msg.partition}@{msg.offset}"]
     if msg.timestamp_ms is not None:
         out.append(f"  timestamp: {iso(msg.timestamp_ms / 1000)}")
@@ -145,11 +193,17 @@ def show_lines(msg: Message, dead: DeadLetter | None, problem: str | None,
             f"  last failure: {iso(dead.last_failure_at)}",
             f"  dead-lettered: {iso(dead.dead_lettered_at)} ({age_text(dead.age(now))} ago)",
         ]
+        if marks is not None:
+            out.append(f"  redriven: {redriven_text(marks.get(ledger_key(dead)))}")
     else:
         out.append(f"  not a kworkers dead letter: {problem}")
     out.append("headers:")
     out += [f"  {k}: {header_text(k, v)}" for k, v in msg.headers] or ["  (none)"]
     out.append(f"key: {bytes_text(msg.key)}")
+    if registry is not None:
+        out += registry_lines(registry, len(msg.value or b""))
+        if registry.decoded is not None:
+            return out
     env = envelope_text(msg.value)
     if env is not None:
         out.append(f"value: task envelope (Avro single-object, {len(msg.value or b'')} bytes)")

@@ -1,0 +1,198 @@
+"""Where a failed record's CPU goes, without a broker: ``python -m benchmarks handoff_cpu``.
+
+The storm benchmark measures hand-offs against a real broker, where librdkafka's threads, the
+delivery reports and the retry loop reading the tier back share the process's core with the
+failure path. This one takes the broker out to tell those apart from the Python the engine
+runs per failed record: the worker is built through its front door with two seams of its own
+(``Worker(consumer=..., sender=...)``, as the loop's unit tests do), a consumer that hands out
+``n`` records in batches as fast as it is asked (paused partitions get none) and a sender that
+acknowledges every record at once from a thread of its own (as a delivery-report thread would).
+
+Sides, each ``n`` records, alternated, 3 runs each, medians and spreads: ``noop`` (a handler
+that returns) and ``fail`` (a handler that raises at once, first retry in an hour, so each
+record is handed to the first tier exactly once), each with 1 handler thread and with the
+default 8. Reported: records per second and CPU per record (``time.process_time`` of the whole
+process: poll loop, handler threads, the sender's thread), and the ratios the storm's aims are
+written in (``cpu_ratio``: failing over no-op; ``contention``: 8 threads over 1, failing).
+Timed from ``run`` to the n-th completion, read from the worker's own records counter (no
+broker to read back from: this measures cost, not correctness; the storm checks the commits).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable
+from queue import SimpleQueue
+from typing import Any
+
+from benchmarks.common import Mode, console, result, table
+from kworkers import Message, RetryPolicy, TierLadder, Worker
+from kworkers.consumer.ports import Delivered
+from kworkers.message import Headers
+
+PARTITIONS = 6
+TP = tuple[str, int]
+
+
+class _Feed:
+    """A consumer port over records made up front; every port call is as cheap as it can be."""
+
+    def __init__(self, n: int, group: str) -> None:
+        self.group = group
+        per = n // PARTITIONS if n else 0
+        self.records = {p: [Message("t", p, o, b"k%d" % o, b"v" * 100) for o in range(per)]
+                        for p in range(PARTITIONS if n else 0)}
+        self.pos = dict.fromkeys(self.records, 0)
+        self.paused: set[TP] = set()
+        self.results: list[tuple[dict[TP, int], BaseException | None]] = []
+
+    def subscribe(self, topics: Iterable[str], on_assign: Callable[[list[TP]], None],
+                  on_revoke: Callable[[list[TP]], None],
+                  on_lost: Callable[[list[TP]], None]) -> None:
+        if self.records:
+            on_assign([("t", p) for p in self.records])
+
+    def poll_batch(self, n: int, timeout: float) -> list[Message]:
+        out: list[Message] = []
+        share = max(1, n // max(1, len(self.records)))
+        for p, recs in self.records.items():
+            if ("t", p) in self.paused:
+                continue
+            i = self.pos[p]
+            got = recs[i:i + share]
+            self.pos[p] = i + len(got)
+            out += got
+        if not out:
+            time.sleep(min(timeout, 0.005))
+        return out
+
+    def commit_async(self, positions: dict[TP, int]) -> None:
+        self.results.append((dict(positions), None))
+
+    def commit_results(self) -> list[tuple[dict[TP, int], BaseException | None]]:
+        out, self.results = self.results, []
+        return out
+
+    def group_metadata(self) -> object:
+        return ("group-metadata", self.group)
+
+    def coordinator_contact(self) -> float | None:
+        return None
+
+    def session_timeout(self) -> float | None:
+        return None
+
+    def pause(self, tps: list[TP]) -> None:
+        self.paused |= set(tps)
+
+    def resume(self, tps: list[TP]) -> None:
+        self.paused -= set(tps)
+
+    def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
+        raise LookupError("no broker")
+
+    def position(self, tps: list[TP]) -> dict[TP, int | None]:
+        return dict.fromkeys(tps)
+
+    def close(self) -> None:
+        pass
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return False
+
+    def is_rebalancing(self, exc: BaseException) -> bool:
+        return False
+
+
+class _Acknowledger:
+    """Acknowledges each record at once, from a thread of its own (a delivery-report thread)."""
+
+    def __init__(self) -> None:
+        self._q: SimpleQueue[Delivered | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="bench-acks", daemon=True)
+        self._thread.start()
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None,
+             headers: Headers, done: Delivered) -> None:
+        self._q.put(done)
+
+    def _serve(self) -> None:
+        while (done := self._q.get()) is not None:
+            done(None)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(5)
+
+
+def run_once(side: str, n: int, concurrency: int) -> tuple[float, float]:
+    """(records per second, CPU seconds per record) of one run."""
+    feed = _Feed(n, "g")
+    acks = _Acknowledger()
+    w = Worker(topics=["t"], group_id="g", sender=acks, concurrency=concurrency,
+               consumer=lambda group: feed if group == "g" else _Feed(0, group),
+               retry=RetryPolicy(initial=3600, max_interval=3600, max_attempts=5),
+               tiers=TierLadder((3600.0,)))
+    if side == "noop":
+        @w.handler
+        def noop(msg: Message) -> None:
+            pass
+    else:
+        @w.handler
+        def down(msg: Message) -> None:
+            raise ConnectionError("downstream is down")
+    counted: Any = w.metrics.records.labels("g", "ok" if side == "noop" else "retried")
+    total = (n // PARTITIONS) * PARTITIONS
+    thread = threading.Thread(target=w.run, args=(False,), name="bench-worker", daemon=True)
+    t0, c0 = time.monotonic(), time.process_time()
+    thread.start()
+    deadline = t0 + 600
+    while counted._value.get() < total:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{side}: {counted._value.get()} of {total} in 600 s")
+        time.sleep(0.001)
+    wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    w.stop()
+    thread.join(30)
+    acks.close()
+    return total / wall, cpu / total
+
+
+def main(mode: Mode) -> None:
+    n = mode.pick(6_000, 60_000, 300_000)
+    runs = 3
+    sides = [(s, c) for c in (1, 8) for s in ("noop", "fail")]
+    got: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in sides}
+    for r in range(runs):  # alternated: every side once per round
+        for side, conc in sides:
+            rate, cpu = run_once(side, n, conc)
+            got[(side, conc)].append((rate, cpu))
+            console.print(f"  round {r + 1}/{runs} {side:4s} x{conc}: {rate:,.0f}/s, "
+                          f"{cpu * 1e6:.1f} us CPU per record")
+
+    def med(k: tuple[str, int], i: int) -> float:
+        return statistics.median(x[i] for x in got[k])
+
+    rows = []
+    for k in sides:
+        lo, hi = min(x[1] for x in got[k]), max(x[1] for x in got[k])
+        rows.append([f"{k[0]} x{k[1]}", f"{med(k, 0):,.0f}", f"{med(k, 1) * 1e6:.1f}",
+                     f"{lo * 1e6:.1f}-{hi * 1e6:.1f}"])
+    table(f"hand-off CPU without a broker: {n:,} records, {runs} alternated runs per side",
+          ["side (handler threads)", "records/s (median)", "us CPU per record (median)",
+           "spread"], rows)
+    figures = {
+        "noop_us": med(("noop", 8), 1) * 1e6, "fail_us": med(("fail", 8), 1) * 1e6,
+        "noop_us_1": med(("noop", 1), 1) * 1e6, "fail_us_1": med(("fail", 1), 1) * 1e6,
+        "cpu_ratio": med(("fail", 8), 1) / med(("noop", 8), 1),
+        "cpu_ratio_1": med(("fail", 1), 1) / med(("noop", 1), 1),
+        "contention": med(("fail", 8), 1) / med(("fail", 1), 1),
+        "ratio": med(("fail", 8), 0) / med(("noop", 8), 0),
+    }
+    console.print(f"CPU per failed record {figures['fail_us']:.1f} us = "
+                  f"{figures['cpu_ratio']:.1f}x a no-op record's {figures['noop_us']:.1f} us "
+                  f"with 8 threads ({figures['cpu_ratio_1']:.1f}x with 1; 8 threads cost a "
+                  f"failure {figures['contention']:.2f}x one); the storm's aim: <= 5x")
+    result("handoff_cpu", {**figures, "n": n, "runs": runs})

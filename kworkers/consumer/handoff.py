@@ -1,0 +1,358 @@
+"""The hand-off step: a failed attempt goes to its tier or the DLQ, a successful one's outputs
+to their topics; pipelined, never dropped (at least once; exactly once is ``buffered``'s).
+
+Beside the router on purpose: ``FailureRouter`` decides where a record goes and with which
+headers (pure); this step sends it and owns what a send's outcome means. A handler's outputs
+(``activity.produce``) follow the same rules: the record completes once every output of its
+call is acknowledged, and an output refused for good sends the record to its own DLQ with the
+reason (the outputs already acknowledged stay: at least once).
+
+Pipelined: a runner hands a failure off and moves on to its next record at once; the record's
+offset completes when the broker's delivery report arrives (the offset tracker takes
+completions in any order), so a lane is never paced by round trips. At most ``limit`` hand-offs
+wait for their acknowledgement at a time (then a runner waits for room); an unacknowledged
+hand-off holds the commit, because its offset is not complete.
+
+What a refused send means:
+
+- *transient* (broker unreachable, timed out, queue full): retried in place with a growing wait,
+  holding the commit, for as long as it takes;
+- *permanent* (not authorised, record too large, or the destination still missing after
+  ``MISSING_LIMIT`` tries, each after a metadata refresh by the client): the record goes to its
+  own source's DLQ with the reason instead;
+- the DLQ itself refusing for good: the worker turns unhealthy and says why (the record stays
+  uncommitted, retried in place, until the process is restarted).
+
+A hand-off is abandoned only when its partition is revoked or the worker stops: the offset was
+never completed, so the next owner reads the record again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any
+
+from kworkers.clock import Clock
+from kworkers.consumer.failure_log import FailureLog
+from kworkers.consumer.outputs import Emitted, Output
+from kworkers.consumer.partition import Partition
+from kworkers.consumer.ports import Completion, Sender, SendErrorKind
+from kworkers.consumer.settings import LoopSettings
+from kworkers.errors import HandOffError
+from kworkers.message import Message
+from kworkers.metrics import Metrics
+from kworkers.retry_tiers.router import FailureRouter, HandOff
+from kworkers.supervision import Supervisor
+
+log = logging.getLogger("kworkers.handoff")
+
+FIRST_WAIT_S = 0.1
+MAX_WAIT_S = 5.0
+#: sends to a missing destination before it counts as gone for good
+MISSING_LIMIT = 3
+
+def all_transient(_exc: BaseException) -> SendErrorKind:
+    """For senders that cannot tell: retry everything in place (never drop)."""
+    return "transient"
+
+
+class _Record:
+    """One record's outputs until each is acknowledged (or its record dead-lettered)."""
+
+    __slots__ = ("after", "dead", "left", "msg")
+
+    def __init__(self, msg: Message, left: int, after: _After | None) -> None:
+        self.msg = msg
+        self.left = left
+        self.dead = False
+        self.after = after
+
+
+class _After:
+    """A call's hooks, run once the outputs of all its records are acknowledged."""
+
+    __slots__ = ("hooks", "left")
+
+    def __init__(self, hooks: list[Callable[[], None]], left: int) -> None:
+        self.hooks = hooks
+        self.left = left
+
+
+class _Pending:
+    """One record sent on a record's behalf (its hand-off, or one of its outputs) until its
+    acknowledgement; called with the sender's delivery report."""
+
+    __slots__ = ("blocked", "misses", "msg", "plan", "ps", "rec", "step", "wait")
+
+    def __init__(self, step: HandOffStep, ps: Partition, msg: Message, plan: HandOff | Output,
+                 rec: _Record | None = None) -> None:
+        self.step = step
+        self.ps = ps
+        self.msg = msg
+        self.plan = plan
+        self.rec = rec
+        self.misses = 0
+        self.wait = FIRST_WAIT_S
+        self.blocked = False
+
+    def __call__(self, err: BaseException | None) -> None:
+        self.step._delivered(self, err)
+
+    @property
+    def destination(self) -> str:
+        plan = self.plan
+        return "output" if isinstance(plan, Output) else plan.destination
+
+
+def plan_hand_off(router: FailureRouter, msg: Message, exc: BaseException,
+                  supervisor: Supervisor) -> HandOff | None:
+    """Where ``msg``'s failed attempt goes; a record the router cannot place goes to its own
+    DLQ with why, and None (the worker fails) when not even that can be worked out."""
+    try:
+        return router.plan(msg, exc)
+    except Exception as bad:
+        log.warning("%s/%d@%d cannot be routed (%s): dead-lettering it", msg.topic,
+                    msg.partition, msg.offset, bad)
+        try:
+            return router.dead_letter(msg, bad)
+        except Exception as worse:
+            supervisor.fail("hand-off", f"no destination for {msg.topic}/{msg.partition}@"
+                            f"{msg.offset}: {worse}")
+            return None
+
+
+class HandOffStep:
+    def __init__(self, router: FailureRouter, sender: Sender, metrics: Metrics, group: str,
+                 completions: SimpleQueue[Completion], clock: Clock, stop: threading.Event,
+                 supervisor: Supervisor,
+                 classify: Callable[[BaseException], SendErrorKind] = all_transient,
+                 limit: int = LoopSettings().handoff_limit) -> None:
+        self.router = router
+        self.sender = sender
+        self.metrics = metrics
+        self.group = group
+        self.completions = completions
+        self.clock = clock
+        #: set when the worker stops for good: hand-offs still retrying give up
+        self.stop = stop
+        self.supervisor = supervisor
+        self.classify = classify
+        self.limit = limit
+        self.failures = FailureLog(log, group, clock)
+        self._m_blocked = metrics.handoff_blocked.labels(group)
+        #: the labelled counters, looked up once per tier or error type, not per record
+        self._m_retries: dict[str, Any] = {}
+        self._m_dead: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._pending = 0
+        #: runners waiting for room (under the lock): a release notifies only when one waits
+        self._waiting = 0
+        self._retries: list[tuple[float, int, _Pending]] = []
+        self._seq = itertools.count()
+        self._after: SimpleQueue[list[Callable[[], None]]] | None = None
+
+    # ------------------------------------------------------------------ runner side
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def has_room(self) -> bool:
+        return self._pending < self.limit
+
+    def wait_room(self, ps: Partition) -> bool:
+        """Blocks while ``limit`` hand-offs are unacknowledged; False if abandoned meanwhile."""
+        with self._room:
+            while self._pending >= self.limit:
+                if ps.revoking or self.stop.is_set():
+                    return False
+                self._waiting += 1
+                try:
+                    self._room.wait(0.1)
+                finally:
+                    self._waiting -= 1
+        return True
+
+    def submit(self, ps: Partition, msg: Message, exc: BaseException) -> bool:
+        """Hands ``msg``'s failed attempt off. True: its completion is now this step's (posted
+        when acknowledged); False: abandoned (revoked, stopping, or no destination at all):
+        the runner stops and the record will be delivered again."""
+        if ps.revoking or self.stop.is_set():
+            return False
+        if self._pending >= self.limit and not self.wait_room(ps):
+            return False
+        plan = self._plan(msg, exc)
+        if plan is None:
+            return False
+        with self._lock:
+            self._pending += 1
+            ps.handoffs += 1
+        self.failures.handed(plan.decision.error_type, plan.topic)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s/%d@%d attempt %d failed (%s: %s) -> %s %s", msg.topic, msg.partition,
+                      msg.offset, msg.attempt, type(exc).__name__, str(exc)[:200],
+                      plan.destination, plan.topic)
+        self._send(_Pending(self, ps, msg, plan))
+        return True
+
+    def _plan(self, msg: Message, exc: BaseException) -> HandOff | None:
+        return plan_hand_off(self.router, msg, exc, self.supervisor)
+
+    def emit(self, ps: Partition, emitted: list[Emitted],
+             after: list[Callable[[], None]]) -> bool:
+        """Sends a successful call's outputs; each record completes once all of its outputs
+        are acknowledged, and ``after`` runs once those of every record of the call are."""
+        if ps.revoking or self.stop.is_set():
+            return False
+        if self._pending >= self.limit and not self.wait_room(ps):
+            return False
+        hooks = _After(after, len(emitted)) if after else None
+        sends: list[_Pending] = []
+        for msg, outs in emitted:
+            rec = _Record(msg, len(outs), hooks)
+            sends += [_Pending(self, ps, msg, out, rec) for out in outs]
+        with self._lock:
+            self._pending += len(sends)
+            ps.handoffs += len(sends)
+        for p in sends:
+            self._send(p)
+        return True
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, p: _Pending) -> None:
+        plan = p.plan
+        try:
+            self.sender.send(plan.topic, plan.key, plan.value, plan.headers, p)
+        except Exception as err:  # a Sender should report errors to ``done``; be safe anyway
+            self._refused(p, err)
+
+    def _delivered(self, p: _Pending, err: BaseException | None) -> None:
+        """The delivery report, on the sender's thread: ok completes the offset."""
+        if err is not None:
+            self._refused(p, err)
+            return
+        plan = p.plan
+        if p.rec is not None:
+            self._output_done(p, p.rec, dead=not isinstance(plan, Output))
+            return
+        if isinstance(plan, Output):
+            raise AssertionError("an output is always sent for a record")
+        if plan.destination == "retry":
+            counters, retried, dead = self._m_retries, 1, 0
+            family = self.metrics.retries
+        else:
+            counters, retried, dead = self._m_dead, 0, 1
+            family = self.metrics.dead_letters
+        counter = counters.get(plan.label)
+        if counter is None:
+            counter = counters[plan.label] = family.labels(self.group, plan.label)
+        counter.inc()
+        self.completions.put((p.ps, [p.msg.offset], retried, dead, 0.0, 0))
+        self._release(p)
+
+    def _output_done(self, p: _Pending, rec: _Record, dead: bool) -> None:
+        if dead:
+            self.metrics.dead_letters.labels(self.group, "OutputRefused").inc()
+        rec.left -= 1
+        if rec.left == 0:
+            self.completions.put((p.ps, [rec.msg.offset], 0, 1 if rec.dead else 0, 0.0, 0))
+            hooks = rec.after
+            if hooks is not None and not rec.dead:
+                hooks.left -= 1
+                if hooks.left == 0:
+                    self._run_after(hooks.hooks)
+        self._release(p)
+
+    def _run_after(self, hooks: list[Callable[[], None]]) -> None:
+        """The call's outputs are acknowledged: what waited for them runs (the store's
+        completion of the record's key), on a thread of its own, never on the producer's
+        delivery thread."""
+        if self._after is None:
+            self._after = SimpleQueue()
+            threading.Thread(target=self._serve_after, name=f"kworkers-after-{self.group}",
+                             daemon=True).start()
+        self._after.put(hooks)
+
+    def _serve_after(self) -> None:
+        assert self._after is not None
+        while True:
+            for hook in self._after.get():
+                try:
+                    hook()
+                except Exception:
+                    log.exception("%s: completing a record after its outputs failed (its "
+                                  "key stays claimed until its lease ends)", self.group)
+
+    def _release(self, p: _Pending) -> None:
+        with self._lock:
+            self._pending -= 1
+            p.ps.handoffs -= 1
+            if self._waiting:
+                self._room.notify()
+        if p.blocked:
+            self._m_blocked.dec()
+
+    def _refused(self, p: _Pending, err: BaseException) -> None:
+        """Runs on the producer's thread (delivery reports): decides, never sends from here."""
+        plan = p.plan
+        self.metrics.handoff_failures.labels(self.group, p.destination).inc()
+        self.failures.refused(plan.topic, str(err))
+        if p.ps.revoking or self.stop.is_set():
+            self._release(p)  # the next owner reads the record again
+            return
+        if not p.blocked:
+            p.blocked = True
+            self._m_blocked.inc()
+        kind = self.classify(err)
+        if kind == "missing":
+            p.misses += 1
+        if kind == "permanent" or p.misses >= MISSING_LIMIT:
+            rec = p.rec
+            if rec is not None and isinstance(plan, Output):
+                if rec.dead:  # another output of the record took it to its DLQ already
+                    self._output_done(p, rec, dead=False)
+                    return
+                rec.dead = True
+            if p.destination != "dlq":
+                what = "an output" if isinstance(plan, Output) else "the hand-off"
+                log.warning("%s refused %s of %s/%d@%d for good (%s): dead-lettering the "
+                            "record instead", plan.topic, what, p.msg.topic, p.msg.partition,
+                            p.msg.offset, err)
+                p.plan = self.router.dead_letter(p.msg, HandOffError(
+                    f"{plan.topic} refused {what}: {err}"))
+                p.misses, p.wait = 0, FIRST_WAIT_S
+                self._schedule(p, 0.0)
+                return
+            self.supervisor.fail("dead-letter queue", f"{plan.topic} refuses dead letters "
+                                 f"({err}); {p.msg.topic}/{p.msg.partition}@{p.msg.offset} "
+                                 "stays uncommitted")
+        self._schedule(p, p.wait)
+        p.wait = min(p.wait * 2, MAX_WAIT_S)
+
+    def _schedule(self, p: _Pending, delay: float) -> None:
+        with self._lock:
+            heapq.heappush(self._retries, (self.clock.monotonic() + delay, next(self._seq), p))
+
+    # ------------------------------------------------------------------ poll-thread side
+
+    def tick(self) -> None:
+        """From the poll loop: sends the retries now due, writes the failure summary."""
+        if self._retries:
+            now = self.clock.monotonic()
+            due: list[_Pending] = []
+            with self._lock:
+                while self._retries and self._retries[0][0] <= now:
+                    due.append(heapq.heappop(self._retries)[2])
+            for p in due:
+                if p.ps.revoking or self.stop.is_set():
+                    self._release(p)
+                else:
+                    self._send(p)
+        self.failures.flush()

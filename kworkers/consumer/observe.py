@@ -1,0 +1,78 @@
+"""What the poll loop tells the outside about its partitions: the lag gauge, the views the stall
+watch judges, why paused partitions are paused. Read from the poll thread's state, never
+changing it, and kept out of the loop so the loop reads as what it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from typing import Protocol
+
+from kworkers.consumer.partition import PartitionState
+from kworkers.consumer.ports import TP, ConsumerPort
+from kworkers.consumer.stall import Hold, PartitionView
+from kworkers.consumer.tier_gate import TierGate
+
+
+class _Gauge(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class _Labelled(Protocol):
+    def labels(self, *values: str) -> _Gauge: ...
+
+
+def pause_reason(draining: bool, breaker_open: bool, fenced: bool = False) -> str:
+    """Why paused partitions are paused now: a drain, a fenced member or an open breaker
+    pauses all of them; otherwise each paused partition holds its share (``backpressure``)."""
+    if draining:
+        return "draining"
+    if fenced:
+        return "fenced"
+    if breaker_open:
+        return "breaker"
+    return "backpressure"
+
+
+def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGate | None,
+                draining: bool, breaker_open: bool,
+                registry: Set[TP] = frozenset(),
+                fenced: bool = False,
+                rate_limited: Set[TP] = frozenset()) -> tuple[PartitionView, ...]:
+    """The partitions as the stall watch needs them (``kworkers.consumer.stall``).
+    ``registry``: the partitions whose next record waits for the schema registry;
+    ``rate_limited``: those whose next record waits for a rate-limit token."""
+    common = (Hold.DRAINING if draining else Hold.FENCED if fenced else
+              Hold.BREAKER if breaker_open else None)
+    views = []
+    for ps in list(parts):
+        hold = common
+        if hold is None and gate is not None and gate.held(ps):
+            hold = Hold.NOT_DUE
+        if hold is None and ps.tp in registry:
+            hold = Hold.REGISTRY
+        if hold is None and ps.tp in rate_limited:
+            hold = Hold.RATE_LIMIT
+        tr = ps.tracker
+        pos = tr.position if tr.position is not None else tr.committed
+        views.append(PartitionView(ps.tp, ps.progress_at, ps.tp in calling or ps.handoffs > 0,
+                                   hold, tr.window, pos))
+    return tuple(views)
+
+
+def report_lag(parts: Iterable[PartitionState], consumer: ConsumerPort, lag: _Labelled,
+               group: str) -> None:
+    """High watermark minus committed position, per owned partition (no broker round trip:
+    the client caches watermarks from its fetch responses)."""
+    for ps in list(parts):
+        try:
+            _lo, hi = consumer.watermarks(ps.tp, 0.0)
+        except Exception:  # not fetched yet: nothing cached
+            continue
+        if hi < 0:
+            continue
+        base = ps.tracker.committed
+        if base is None:
+            base = ps.tracker.position
+        behind = hi - base if base is not None else hi
+        lag.labels(group, ps.topic, str(ps.partition)).set(max(0, behind))
