@@ -39,7 +39,7 @@ from confluent_kafka.admin._resource import ResourceType
 from kworkers.idempotency import SqliteStore
 from kworkers.testing import Broker
 from kworkers.testing.checker import Fault, FaultLog, Log, check, read_log
-from kworkers.testing.ledger import Ledger
+from kworkers.testing.ledger import Delivery, Ledger
 from kworkers.testing.processes import WorkerProcess
 from kworkers.testing.workload import (
     full_size,
@@ -133,7 +133,8 @@ def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
     if dlq and len(victims) < limit - 2:
         wrong.append(f"{len(dlq)} dead letters from {len(victims)} deaths (limit {limit})")
     applied = ledger.applications()
-    deliveries = [d for d in ledger.deliveries() if d.topic == log.topic]
+    everywhere = ledger.deliveries()  # the source topic and its retry tiers
+    deliveries = [d for d in everywhere if d.topic == log.topic]
     faults = faults + [Fault(d.at, {}, f"{d.key} killed pid {d.pid}", None)
                        for d in deliveries if d.key in crash_keys]
     keys = {(r.value or b"").decode() for r in log}
@@ -144,18 +145,10 @@ def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
     both = sorted(k for k in applied if k in dlq and dlq[k] != b"DeliveryLimitReached")
     if both:
         wrong.append(f"effected and dead-lettered for a failure: {both[:5]}")
-    # a killed process's unfinished records were delivered again (or dead-lettered): a record
-    # it was running whose effect nobody had applied before it died
     first_effect: dict[str, float] = {}
     for e in ledger.effects():
         first_effect.setdefault(e.key, e.at)
-    for pid, died in victims:
-        for d in deliveries:
-            if d.pid != pid or d.key in dlq or first_effect.get(d.key, died + 1) <= died:
-                continue
-            if not any(o.key == d.key and o.pid != pid and o.at > d.at for o in deliveries):
-                wrong.append(f"{d.key} was running in pid {pid} (died by {died:.1f}) and was "
-                             "never delivered again")
+    wrong += _not_delivered_again(deliveries, everywhere, first_effect, dlq, victims)
     # the delivery count grew with every delivery of a record
     seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for e in counts.effects():
@@ -168,6 +161,46 @@ def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
         if not grown or rows[0][1] < 1:
             wrong.append(f"{key}: delivery counts {[n for _at, n in rows]} do not grow")
     return wrong
+
+
+def _not_delivered_again(source: Sequence[Delivery], everywhere: Sequence[Delivery],
+                         first_effect: dict[str, float], dlq: dict[str, bytes],
+                         victims: Sequence[tuple[int, float]]) -> list[str]:
+    """A killed process's unfinished records were delivered again (or dead-lettered): each
+    ``source`` delivery to a victim whose effect nobody had applied before it died must be
+    followed by a delivery of the same key to another process on *any* topic of the pipeline
+    (``everywhere``): a victim that handed the record to a retry tier before it died (a
+    ``LeaseBusy`` left by an earlier victim, say) acknowledged it on the source, and the tier
+    delivers it next (seen in CI: three records went on through ``.retry.250ms``, and a rule
+    that looked at the source topic only called them lost)."""
+    wrong = []
+    for pid, died in victims:
+        for d in source:
+            if d.pid != pid or d.key in dlq or first_effect.get(d.key, died + 1) <= died:
+                continue
+            if not any(o.key == d.key and o.pid != pid and o.at > d.at for o in everywhere):
+                wrong.append(f"{d.key} was running in pid {pid} (died by {died:.1f}) and was "
+                             "never delivered again")
+    return wrong
+
+
+def test_a_victims_record_may_come_back_through_a_tier_but_must_come_back() -> None:
+    """The rule on the CI run's shape (no broker): pid 2 took record 400 on the source, handed
+    it to the tier (LeaseBusy) and was killed; pid 3 ran it from the tier and applied it. Its
+    canary: the same record with no later delivery anywhere is caught, and so is one whose only
+    later delivery went to the victim itself."""
+    src, tier = "skill", "skill.retry.250ms"
+    seen = [Delivery("400", src, 1, 250, 1, 1, 10.0), Delivery("400", src, 1, 250, 1, 2, 11.0),
+            Delivery("400", tier, 1, 1, 2, 3, 11.5)]
+    source = [d for d in seen if d.topic == src]
+    effect = {"400": 20.0}
+    assert _not_delivered_again(source, seen, effect, {}, [(1, 10.5), (2, 12.0)]) == []
+    # canaries: nothing after the victim's delivery, or only the victim itself again
+    assert _not_delivered_again(source, seen[:2], effect, {}, [(2, 12.0)]) != []
+    again_self = [*seen[:2], Delivery("400", tier, 1, 1, 2, 2, 11.5)]
+    assert _not_delivered_again(source, again_self, effect, {}, [(2, 12.0)]) != []
+    # the old rule (later deliveries looked for on the source topic only) flags the CI run
+    assert _not_delivered_again(source, source, effect, {}, [(2, 12.0)]) != []
 
 
 def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_once(
