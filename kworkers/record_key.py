@@ -34,7 +34,6 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kworkers.message import Message
@@ -225,7 +224,7 @@ class RecordKeys:
         the cluster cannot say now): what the key of a record without ids is made of."""
         o = self._origin(msg, read=True)
         if o.topic_id is None:  # recorded without one (by an older kworkers, or see below)
-            o = replace(o, topic_id=self.topic_ids.current(o.topic))
+            o = o._replace(topic_id=self.topic_ids.current(o.topic))
         return o
 
     def recorded(self, msg: Message) -> Origin:

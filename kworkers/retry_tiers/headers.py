@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from kworkers.errors import DecodeError
 from kworkers.message import Headers, Message
@@ -288,15 +287,17 @@ def ms_up(t: float) -> int:
 
 def user_headers(headers: Headers) -> Headers:
     """The headers that are not ours (including ``traceparent``), in their original order."""
+    if not headers:
+        return ()
     return tuple((k, v) for k, v in headers if not is_own(k))
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """The record a piece of work began as: where it was first read (the ``kw-original-*``
     headers every hop carries), and so what its idempotency key is when it has no ids
     (``kworkers.record_key``). ``topic_id`` tells a recreated topic's records from the old
-    ones at the same offsets; None where it is not known."""
+    ones at the same offsets; None where it is not known. (A ``NamedTuple``: one is built per
+    failed record, see ``routing.RetryDecision``.)"""
 
     topic: str
     partition: int
@@ -338,38 +339,77 @@ def origin_of(msg: Message) -> Origin:
     )
 
 
-def _failure(
-    msg: Message, group: str, attempt: int, error_type: str, error_message: str, now: float,
-    origin: Origin | None,
-) -> tuple[Origin, list[tuple[str, bytes]]]:
-    o = origin_of(msg) if origin is None else origin
-    out: list[tuple[str, bytes]] = [
-        (ATTEMPT, str(attempt).encode()),
-        (ORIGINAL_TOPIC, _enc(o.topic)),
-        (ORIGINAL_PARTITION, str(o.partition).encode()),
-        (ORIGINAL_OFFSET, str(o.offset).encode()),
-    ]
-    if o.timestamp_ms is not None:
-        out.append((ORIGINAL_TIMESTAMP, str(o.timestamp_ms).encode()))
-    if o.topic_id is not None:
-        out.append((ORIGINAL_TOPIC_ID, o.topic_id.encode()))
-    first = now if o.first_failure_at is None else o.first_failure_at
-    out += [
-        (GROUP, _enc(group)),
-        (FIRST_FAILURE_AT, str(_ms(first)).encode()),
-        (LAST_FAILURE_AT, str(_ms(now)).encode()),
-        (ERROR_TYPE, _enc(error_type)),
-        (ERROR_MESSAGE, _enc(error_message)),
-    ]
-    # A redriven record keeps naming the dead letter it came from until it is redriven again.
-    redrive_of = last_value(msg.headers, REDRIVE_OF)
-    if redrive_of is not None:
-        out.append((REDRIVE_OF, redrive_of[:MAX_HEADER_VALUE]))
-    return o, out
+class FailureHeaders:
+    """The failure headers of one (group, attempt, error type, error message), encoded once.
 
+    In a failure storm thousands of records fail alike; what differs between them is where
+    each began, when, and its due time. This holds the rest as bytes, so a router that keeps
+    one per distinct failure (``FailureRouter``) encodes per record only what is the record's
+    own. ``retry_headers`` and ``dead_letter_headers`` are the same thing built for one record.
+    """
 
-def _join(msg: Message, own: Iterable[tuple[str, bytes]]) -> Headers:
-    return (*user_headers(msg.headers), *own)
+    __slots__ = ("_attempt", "_dead", "_error", "_group")
+
+    def __init__(self, group: str, attempt: int, error_type: str, error_message: str) -> None:
+        self._attempt = (ATTEMPT, str(attempt).encode())
+        self._group = (GROUP, _enc(group))
+        etype, emsg = _enc(error_type), _enc(error_message)
+        self._error = ((ERROR_TYPE, etype), (ERROR_MESSAGE, emsg))
+        self._dead = ((SPRING_ORIGINAL_CONSUMER_GROUP, self._group[1]),
+                      (SPRING_EXCEPTION_FQCN, etype), (SPRING_EXCEPTION_MESSAGE, emsg))
+
+    def _own(self, msg: Message, now: float, origin: Origin | None
+             ) -> tuple[Origin, list[tuple[str, bytes]]]:
+        o = origin_of(msg) if origin is None else origin
+        out: list[tuple[str, bytes]] = [
+            self._attempt,
+            (ORIGINAL_TOPIC, _enc(o.topic)),
+            (ORIGINAL_PARTITION, b"%d" % o.partition),
+            (ORIGINAL_OFFSET, b"%d" % o.offset),
+        ]
+        if o.timestamp_ms is not None:
+            out.append((ORIGINAL_TIMESTAMP, b"%d" % o.timestamp_ms))
+        if o.topic_id is not None:
+            out.append((ORIGINAL_TOPIC_ID, o.topic_id.encode()))
+        last = b"%d" % _ms(now)
+        out += [
+            self._group,
+            (FIRST_FAILURE_AT, last if o.first_failure_at is None
+             else b"%d" % _ms(o.first_failure_at)),
+            (LAST_FAILURE_AT, last),
+            *self._error,
+        ]
+        # A redriven record keeps naming the dead letter it came from until it is redriven
+        # again.
+        redrive_of = last_value(msg.headers, REDRIVE_OF) if msg.headers else None
+        if redrive_of is not None:
+            out.append((REDRIVE_OF, redrive_of[:MAX_HEADER_VALUE]))
+        return o, out
+
+    def retry(self, msg: Message, now: float, due_at: float,
+              origin: Origin | None = None) -> Headers:
+        """User headers, then the failure so far and the due time (see ``retry_headers``)."""
+        _, own = self._own(msg, now, origin)
+        own.append((DUE_AT, b"%d" % _ms_up(due_at)))
+        return (*user_headers(msg.headers), *own)
+
+    def dead(self, msg: Message, now: float, reason: str,
+             origin: Origin | None = None) -> Headers:
+        """User headers, the failure, then Spring's DLT aliases (see ``dead_letter_headers``)."""
+        o, own = self._own(msg, now, origin)
+        own += [
+            (DEAD_LETTERED_AT, b"%d" % _ms(now)),
+            (DLQ_REASON, reason.encode()),
+            (SPRING_ORIGINAL_TOPIC, _enc(o.topic)),
+            (SPRING_ORIGINAL_PARTITION, struct.pack(">i", o.partition)),
+            (SPRING_ORIGINAL_OFFSET, struct.pack(">q", o.offset)),
+            (
+                SPRING_ORIGINAL_TIMESTAMP,
+                struct.pack(">q", _NO_TIMESTAMP if o.timestamp_ms is None else o.timestamp_ms),
+            ),
+            *self._dead,
+        ]
+        return (*user_headers(msg.headers), *own)
 
 
 def retry_headers(msg: Message, group: str, decision: RetryDecision, now: float,
@@ -377,11 +417,8 @@ def retry_headers(msg: Message, group: str, decision: RetryDecision, now: float,
     """Headers for ``msg`` handed to a retry tier: user headers, then the failure so far.
     ``origin``: where the work began, when the caller knows more than ``origin_of(msg)``
     (the topic id, a redriven record's dead letter)."""
-    _, own = _failure(
-        msg, group, decision.next_attempt, decision.error_type, decision.error_message, now,
-        origin)
-    own.append((DUE_AT, str(_ms_up(decision.due_at)).encode()))
-    return _join(msg, own)
+    return FailureHeaders(group, decision.next_attempt, decision.error_type,
+                          decision.error_message).retry(msg, now, decision.due_at, origin)
 
 
 def dead_letter_headers(
@@ -389,24 +426,8 @@ def dead_letter_headers(
     origin: Origin | None = None,
 ) -> Headers:
     """Headers for ``msg`` handed to the DLQ: the failure, then Spring's DLT aliases."""
-    o, own = _failure(
-        msg, group, decision.attempts, decision.error_type, decision.error_message, now, origin
-    )
-    own += [
-        (DEAD_LETTERED_AT, str(_ms(now)).encode()),
-        (DLQ_REASON, decision.reason.encode()),
-        (SPRING_ORIGINAL_TOPIC, _enc(o.topic)),
-        (SPRING_ORIGINAL_PARTITION, struct.pack(">i", o.partition)),
-        (SPRING_ORIGINAL_OFFSET, struct.pack(">q", o.offset)),
-        (
-            SPRING_ORIGINAL_TIMESTAMP,
-            struct.pack(">q", _NO_TIMESTAMP if o.timestamp_ms is None else o.timestamp_ms),
-        ),
-        (SPRING_ORIGINAL_CONSUMER_GROUP, _enc(group)),
-        (SPRING_EXCEPTION_FQCN, _enc(decision.error_type)),
-        (SPRING_EXCEPTION_MESSAGE, _enc(decision.error_message)),
-    ]
-    return _join(msg, own)
+    return FailureHeaders(group, decision.attempts, decision.error_type,
+                          decision.error_message).dead(msg, now, decision.reason, origin)
 
 
 def redrive_headers(dead: Message) -> Headers:

@@ -10,24 +10,21 @@ source offset is completed only after that acknowledgement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from kworkers.clock import Clock
 from kworkers.errors import failure_message, failure_type
 from kworkers.message import Headers, Message
-from kworkers.retry_tiers.headers import (
-    Origin,
-    dead_letter_headers,
-    retry_headers,
-    user_headers,
-)
+from kworkers.retry_tiers.headers import FailureHeaders, Origin, user_headers
 from kworkers.retry_tiers.policy import JitterSource, RetryPolicy
 from kworkers.retry_tiers.routing import (
     MAX_ERROR_MESSAGE,
     DeadLetterDecision,
     RetryDecision,
-    route,
+    Rung,
+    decide,
+    failure_facts,
+    rung,
 )
 from kworkers.retry_tiers.tier_record import CorruptTierRecord
 from kworkers.retry_tiers.tiers import TierLadder
@@ -37,8 +34,14 @@ if TYPE_CHECKING:
     from kworkers.record_key import RecordKeys
 
 
-@dataclass(frozen=True)
-class HandOff:
+#: distinct failures a router keeps the record-independent part of before it starts over
+PLAN_MEMO = 256
+
+
+class HandOff(NamedTuple):
+    """Where one failed attempt goes, with which headers (a ``NamedTuple``: one per failed
+    record, see ``routing.RetryDecision``)."""
+
     destination: Literal["retry", "dlq"]
     topic: str
     key: bytes | None
@@ -69,6 +72,10 @@ class FailureRouter:
         #: where work began (``kworkers.record_key``): the origin the hand-off records, so the
         #: key of a record without ids stays the same in the tiers and the DLQ
         self.keys = keys
+        #: (attempt, error type, message, marked) -> the rung and its headers, encoded once:
+        #: in a storm thousands of records fail alike (bounded: a handler may put a record's
+        #: own data in its messages)
+        self._memo: dict[tuple[int, str, str, bool], tuple[Rung, FailureHeaders]] = {}
 
     def source_topic(self, msg: Message) -> str:
         """The source whose tiers and DLQ ``msg`` may go to: from the topic it was read from,
@@ -79,9 +86,24 @@ class FailureRouter:
         if isinstance(exc, CorruptTierRecord):  # the gate's verdict: no faithful retry
             return self.dead_letter(msg._replace(headers=user_headers(msg.headers)), exc)
         now = self.clock.now()
-        source = self.source_topic(msg)
-        decision = route(self.policy, self.ladder, source, msg.attempt, exc, now, self.jitter)
-        return self._hand_off(msg, decision, source, now)
+        source = self.ladder.source_of(msg.topic)
+        error_type, error_message, marked = failure_facts(exc)
+        step, headers = self._rung(msg.attempt, error_type, error_message, marked)
+        decision = decide(step, self.ladder, source, now, self.jitter)
+        return self._hand_off(msg, decision, headers, source, now)
+
+    def _rung(self, attempt: int, error_type: str, error_message: str,
+              marked: bool) -> tuple[Rung, FailureHeaders]:
+        key = (attempt, error_type, error_message, marked)
+        got = self._memo.get(key)
+        if got is None:
+            step = rung(self.policy, attempt, error_type, error_message, marked)
+            got = (step, FailureHeaders(self.group, step.next_attempt, error_type,
+                                        error_message))
+            if len(self._memo) >= PLAN_MEMO:
+                self._memo.clear()
+            self._memo[key] = got
+        return got
 
     def dead_letter(self, msg: Message, exc: BaseException) -> HandOff:
         """Straight to the DLQ of the topic ``msg`` was consumed from, whatever the policy says:
@@ -94,18 +116,19 @@ class FailureRouter:
         now = self.clock.now()
         dead = DeadLetterDecision(msg.attempt, "non_retryable", failure_type(exc),
                                   failure_message(exc)[:MAX_ERROR_MESSAGE])
-        return self._hand_off(msg, dead, source_topic_of(msg.topic), now)
+        headers = FailureHeaders(self.group, dead.attempts, dead.error_type, dead.error_message)
+        return self._hand_off(msg, dead, headers, source_topic_of(msg.topic), now)
 
     def _origin(self, msg: Message) -> Origin | None:
         return None if self.keys is None else self.keys.recorded(msg)
 
     def _hand_off(self, msg: Message, decision: RetryDecision | DeadLetterDecision,
-                  source: str, now: float) -> HandOff:
+                  headers: FailureHeaders, source: str, now: float) -> HandOff:
         origin = self._origin(msg)
         if isinstance(decision, RetryDecision):
             return HandOff("retry", decision.tier.topic, msg.key, msg.value,
-                           retry_headers(msg, self.group, decision, now, origin), decision,
+                           headers.retry(msg, now, decision.due_at, origin), decision,
                            decision.tier.label)
         return HandOff("dlq", self.ladder.dlq_topic(source), msg.key, msg.value,
-                       dead_letter_headers(msg, self.group, decision, now, origin), decision,
+                       headers.dead(msg, now, decision.reason, origin), decision,
                        decision.error_type)
