@@ -212,6 +212,7 @@ class RecordKeys:
     def __init__(self, topic_ids: TopicIds, dead_letters: DeadLetterCheck) -> None:
         self.topic_ids = topic_ids
         self.dead_letters = dead_letters
+        self._places: dict[str, tuple[bool, str]] = {}
 
     @classmethod
     def for_cluster(cls, client: ClientSettings) -> RecordKeys:
@@ -234,10 +235,21 @@ class RecordKeys:
         key) is left out, and read when the next attempt asks."""
         return self._origin(msg, read=False)
 
+    def _place(self, topic: str) -> tuple[bool, str]:
+        """(read from a tier, its source), worked out once per topic (names are parsed with
+        regular expressions, and a failure storm asks once per record)."""
+        got = self._places.get(topic)
+        if got is None:
+            tier = is_tier_topic(topic)
+            got = (tier, source_topic_of(topic) if tier else topic)
+            if len(self._places) >= 1024:
+                self._places.clear()
+            self._places[topic] = got
+        return got
+
     def _origin(self, msg: Message, read: bool) -> Origin:
-        tier = is_tier_topic(msg.topic)
-        source = source_topic_of(msg.topic) if tier else msg.topic
-        if _redrive_ref(msg) is not None:  # a replay, or a tier hop of one
+        tier, source = self._place(msg.topic)
+        if msg.headers and _redrive_ref(msg) is not None:  # a replay, or a tier hop of one
             found = self.dead_letters.origin_of(msg, source, read)
             if found is not None:
                 return found

@@ -57,6 +57,9 @@ def failure_facts(exc: BaseException) -> tuple[str, str, bool]:
     """(type, message cut to ``MAX_ERROR_MESSAGE``, marked non-retryable): what
     ``failure_type``, ``failure_message`` and ``is_non_retryable`` say, in one walk of the
     chain (a failure storm routes every record)."""
+    if (exc.__cause__ is None and exc.__context__ is None
+            and not isinstance(exc, (ActivityFailure, BaseExceptionGroup))):
+        return type(exc).__name__, str(exc)[:MAX_ERROR_MESSAGE], False  # a chain of one
     typed: ActivityFailure | None = None
     marked = False
     for cur in causes(exc):
