@@ -86,7 +86,7 @@ class FailureRouter:
         if isinstance(exc, CorruptTierRecord):  # the gate's verdict: no faithful retry
             return self.dead_letter(msg._replace(headers=user_headers(msg.headers)), exc)
         now = self.clock.now()
-        source = self.ladder.source_of(msg.topic)
+        source = self.source_topic(msg)  # the one way (a hostile-records canary replaces it)
         error_type, error_message, marked = failure_facts(exc)
         step, headers = self._rung(msg.attempt, error_type, error_message, marked)
         decision = decide(step, self.ladder, source, now, self.jitter)
