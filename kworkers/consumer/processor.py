@@ -352,24 +352,30 @@ class Processor:
     def _apply_completions(self, block: float = 0.0) -> None:
         parts = self.parts
         now = self.clock.monotonic()
+        # counted over the whole drain, one update per counter: a storm's hand-offs complete
+        # one record at a time, and each counter update takes a lock
+        fenced = done = all_retried = all_dead = 0
         for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block):
             n = len(offsets)
             if parts.get(ps.tp) is not ps:
-                if n:
-                    self._m_fenced.inc(n)
+                fenced += n
                 continue
             ps.tracker.complete_many(offsets)
             ps.progress_at = now
-            self._since_commit += n
-            ok = n - retried - dead
-            if ok:
-                self._m_ok.inc(ok)
+            done += n
+            all_retried += retried
+            all_dead += dead
             if calls:
                 observe_many(self._m_duration, elapsed / calls, calls)
-            if retried:
-                self._m_retried.inc(retried)
-            if dead:
-                self._m_dead.inc(dead)
+        self._since_commit += done
+        if fenced:
+            self._m_fenced.inc(fenced)
+        if done - all_retried - all_dead:
+            self._m_ok.inc(done - all_retried - all_dead)
+        if all_retried:
+            self._m_retried.inc(all_retried)
+        if all_dead:
+            self._m_dead.inc(all_dead)
 
     # ------------------------------------------------------------------ flow control
 

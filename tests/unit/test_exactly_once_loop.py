@@ -7,6 +7,7 @@ never the worker's counters. The broker-level proof is tests/faults/test_exactly
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections import Counter
@@ -351,8 +352,10 @@ def test_the_buffer_hands_over_only_records_below_the_position() -> None:
 
 
 def test_produce_outside_a_handler_and_bad_values_are_refused() -> None:
-    with pytest.raises(RuntimeError, match="no handler call under way"):
-        activity.produce("o", b"x")
+    # outside any handler call: a fresh context (this test's own thread may have driven an
+    # inline runner of an earlier test, which leaves its pass's sink behind in the context)
+    refused = contextvars.Context().run(lambda: _raised(lambda: activity.produce("o", b"x")))
+    assert isinstance(refused, RuntimeError) and "no handler call under way" in str(refused)
     token = outputs_module.current_sink.set(Sink())
     try:
         with pytest.raises(ValueError, match="topic must be a topic name"):
@@ -361,6 +364,14 @@ def test_produce_outside_a_handler_and_bad_values_are_refused() -> None:
             activity.produce("o", {"a": 1})
     finally:
         outputs_module.current_sink.reset(token)
+
+
+def _raised(fn: Callable[[], object]) -> BaseException | None:
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    return None
 
 
 def test_exactly_once_settings_are_checked() -> None:
