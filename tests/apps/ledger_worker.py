@@ -138,8 +138,10 @@ class _FireAndForget:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(name)s %(message)s")
+    # KWORKERS_TEST_LOG_LEVEL=INFO: rebalances and commits in the workers' logs, to read a
+    # fault run after the fact
+    logging.basicConfig(level=os.environ.get("KWORKERS_TEST_LOG_LEVEL", "WARNING"),
+                        stream=sys.stderr, format="%(asctime)s %(process)d %(name)s %(message)s")
     kills = [KillPoint(spec, args.markers) for spec in args.kill]
 
     def at(step: str, key: str) -> None:
