@@ -128,9 +128,9 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
 # (test_workflow_faults.py); this one on PostgreSQL runs with KWORKERS_FULL=1 (CI budget).
 # Redis (lease mode, kill points) runs with KWORKERS_FULL=1 too since 2026-12-02: it failed 4
 # of 11 runs on one machine that day (1 of 3 on the code before that day's changes), two ways:
-# a record given to a killed process read as never delivered again (the kill's commit floor
-# sampled before the victim's last commit), and runs that never ended (a key's retry after a
-# takeover never ran again). docs/RELIABILITY.md row 7, Known limits.
+# records given to a killed process that nobody was given again (all applied, cause not
+# found), and runs that never ended (a key's retry after a takeover never ran again).
+# docs/RELIABILITY.md row 3r, Known limits.
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.full_only),
                                   pytest.param("redis", marks=pytest.mark.full_only)])
 def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind: str) -> None:
