@@ -20,11 +20,10 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    def now(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # The C functions themselves, not methods around them: the hot path reads the clock a few
+    # times per record, and a Python frame per reading was ~5 % of a no-op record's CPU.
+    now = staticmethod(time.time)
+    monotonic = staticmethod(time.monotonic)
 
 
 class FakeClock:

@@ -286,7 +286,7 @@ class KeyedInvoke:
             result = self.inner(handler, msg)
         finally:
             _bound.reset(token)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):  # None: most sync handlers
             return self._run(result)
         return result
 
