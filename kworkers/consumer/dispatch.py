@@ -9,6 +9,8 @@ again); a refetch after pause/resume is recognised by the offset tracker and not
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import groupby
+from operator import itemgetter
 
 from kworkers.clock import Clock
 from kworkers.consumer.partition import Item, Lane, PartitionState
@@ -19,6 +21,9 @@ from kworkers.message import Message
 
 #: key lanes that went idle are pruned every this many dispatched batches
 PRUNE_EVERY = 100
+
+_TP = itemgetter(0, 1)  # a Message's (topic, partition)
+_OFFSET = itemgetter(2)
 
 
 class Dispatcher:
@@ -35,14 +40,15 @@ class Dispatcher:
         parts = self.parts
         # Group by partition first: one tracker call and one lane hand-off per partition, not
         # per record (the hot path).
+        # A fetch comes in runs of one partition: grouped run by run, in C (``groupby`` keyed
+        # by ``itemgetter``), so the Python here runs per run, not per record.
         by_tp: dict[TP, list[Message]] = {}
-        for m in msgs:
-            tp = (m[0], m[1])
+        for tp, run in groupby(msgs, _TP):
             group = by_tp.get(tp)
             if group is None:
-                by_tp[tp] = [m]
+                by_tp[tp] = list(run)
             else:
-                group.append(m)
+                group.extend(run)
         key_mode, gate = self.key_mode, self.gate
         now = self.clock.now()
         mono = self.clock.monotonic
@@ -50,7 +56,7 @@ class Dispatcher:
             ps = parts.get(tp)
             if ps is None:
                 continue  # fetched before a revoke: the new owner reads it again
-            offsets = [m[2] for m in group]
+            offsets = list(map(_OFFSET, group))
             if not ps.tracker.window:  # work for an idle partition: its stall clock restarts
                 ps.progress_at = mono()
             tracked = ps.tracker.track_many(offsets)

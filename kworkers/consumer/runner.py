@@ -338,14 +338,17 @@ class Runner:
                     sink.reset()
                 emitting = {m.offset for m, _ in emit.emitted} if emit is not None else ()
                 prog.ran(len(failed) + len(emitting))
-                for m in records:
-                    exc = failed.get(m)
-                    if exc is None:
-                        if m.offset not in emitting:
-                            prog.record(m.offset)
-                    elif not (yield HandOffRequest(m, exc)):
-                        prog.finish(inc)
-                        return
+                if not failed and not emitting:  # the common case: one step for the batch
+                    prog.record_many([m.offset for m in records])
+                else:
+                    for m in records:
+                        exc = failed.get(m)
+                        if exc is None:
+                            if m.offset not in emitting:
+                                prog.record(m.offset)
+                        elif not (yield HandOffRequest(m, exc)):
+                            prog.finish(inc)
+                            return
                 if emit is not None and emit.emitted and not (yield emit):
                     prog.finish(inc)
                     return

@@ -224,6 +224,13 @@ class Progress:
         if self.now() - self.t0 > PARTIAL_POST_S:
             self.post()
 
+    def record_many(self, offsets: list[int]) -> None:
+        """A whole batch handled: ``record`` once per batch, not per record."""
+        self.done.extend(offsets)
+        self.calls += len(offsets)
+        if self.now() - self.t0 > PARTIAL_POST_S:
+            self.post()
+
     def ran(self, records: int = 1) -> None:
         """Handler calls whose offsets are another step's to complete (a failure's hand-off,
         outputs to send): their time counts (the handler-duration histogram observes every
