@@ -46,6 +46,9 @@ LAG_INTERVAL_S = 5.0
 VIEWS_INTERVAL_S = 0.5
 #: how often a fenced member whose coordinator answers again asks whether it is a member
 PROBE_EVERY_S = 1.0
+#: with every partition paused, wait for a completion rather than inside the client's poll
+#: (``_step``); False only in the canary that shows the test of it has teeth
+IDLE_WAITS_FOR_COMPLETIONS = True
 
 
 class Processor:
@@ -159,8 +162,16 @@ class Processor:
     def _step(self) -> None:
         gate = self.gate
         timeout = POLL_TIMEOUT_S if gate is None else gate.wait_bound(POLL_TIMEOUT_S)
+        # Every partition paused: the client has nothing to give, and a wait inside it would
+        # outlast the work in flight (the lanes run dry at the resume mark while the poll
+        # sleeps on). So poll without waiting (callbacks, heartbeats) and wait for the next
+        # completion instead, which is what may resume a partition.
+        parts = self.parts
+        idle_wait = IDLE_WAITS_FOR_COMPLETIONS and bool(parts) and \
+            all(ps.paused for ps in parts.values())
         msgs = self.consumer.poll_batch(
-            backpressure.poll_size(self.limits, self._held, self.settings.consume_batch), timeout)
+            backpressure.poll_size(self.limits, self._held, self.settings.consume_batch),
+            0.0 if idle_wait else timeout)
         self.ready.set()
         if msgs:
             self.dispatcher.dispatch(msgs)
@@ -169,7 +180,7 @@ class Processor:
                 self._since_commit += skipped
                 self._m_skipped.inc(skipped)
         self.runner.hand_offs.tick()
-        self._apply_completions()
+        self._apply_completions(block=timeout if idle_wait and not msgs else 0.0)
         if gate is not None:
             self.dispatcher.release(gate.release_due(self.parts))
         if self.watch is not None:

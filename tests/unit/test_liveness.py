@@ -18,6 +18,7 @@ import pytest
 
 from kworkers import Worker
 from kworkers.clock import FakeClock
+from kworkers.consumer import processor
 from kworkers.consumer.stall import (
     UNHEALTHY_AFTER,
     Hold,
@@ -378,3 +379,58 @@ def test_records_polled_during_a_drain_are_never_committed_past() -> None:
     t.join(30)
     assert max(ran) == 19
     assert consumer.commits.get(tp) == 20, consumer.commits  # not 50: 20..49 never ran
+
+
+class _TimedPolls(StickyConsumer):
+    """Records each poll's timeout and whether every assigned partition was paused then."""
+
+    def __init__(self, records: dict[TP, list[Message]]) -> None:
+        super().__init__(records)
+        self.waits: list[tuple[float, bool]] = []
+
+    def poll_batch(self, n: int, timeout: float) -> list[Message]:
+        all_paused = bool(self.assigned) and self.assigned <= self.paused
+        self.waits.append((timeout, all_paused))
+        return super().poll_batch(n, timeout)
+
+
+def _paused_polls(monkeypatch: pytest.MonkeyPatch, waits_for_completions: bool
+                  ) -> list[float]:
+    """Every partition at its share behind held handlers, then let go: the timeouts of the
+    polls made while all of them were paused."""
+    monkeypatch.setattr(processor, "IDLE_WAITS_FOR_COMPLETIONS", waits_for_completions)
+    consumer = _TimedPolls(_records(2, 60))
+    gate = threading.Event()
+
+    def handle(msg: Message) -> None:
+        gate.wait(10)
+
+    w, t = _run(consumer, handle, max_in_flight=20, max_in_flight_per_partition=10,
+                consume_batch=10)
+    try:
+        _wait(lambda: consumer.assigned and consumer.assigned <= consumer.paused,
+              "both partitions paused by backpressure")
+        _wait(lambda: sum(p for _, p in consumer.waits) >= 3, "polls made while paused")
+        gate.set()
+        _wait(lambda: consumer.commits.get(("t", 0)) == 60 and
+              consumer.commits.get(("t", 1)) == 60, "both partitions reach their end")
+    finally:
+        w.stop()
+        t.join(30)
+    return [timeout for timeout, all_paused in consumer.waits if all_paused]
+
+
+def test_with_every_partition_paused_the_loop_waits_for_completions_not_in_the_poll(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait inside the client's poll while nothing can be fetched outlasts the work in
+    flight: the lanes ran dry at the resume mark while the poll slept on (async no-op records
+    at 0.20x the raw loop's rate with 4 us of CPU each; 0.27x once the wait moved)."""
+    paused = _paused_polls(monkeypatch, waits_for_completions=True)
+    assert paused, "no poll was made with every partition paused: the check saw nothing"
+    assert all(timeout == 0.0 for timeout in paused), paused
+
+
+def test_canary_a_loop_that_waits_in_the_poll_while_paused_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    paused = _paused_polls(monkeypatch, waits_for_completions=False)
+    assert paused and any(timeout > 0 for timeout in paused)
