@@ -30,11 +30,11 @@ from benchmarks.method import Comparison, Side, Summary, loadavg, summary_table
 
 PARTITIONS = 6
 VALUE_SIZE = 100
-AIMS = (  # issue #18: (side, against, at least)
-    ("kworkers", "raw", 0.8),
-    ("kworkers_inline", "raw", 0.8),
-    ("kworkers_async", "raw", 0.6),
-    ("kworkers_batch", "raw", 0.9),
+AIMS = (  # (side, against, at least): issue #32's against the raw loop (#18's were 0.8, 0.8,
+    # 0.6 and 0.9; missed, and restated by #32), #18's against the peers
+    ("kworkers", "raw", 0.4),
+    ("kworkers_async", "raw", 0.3),
+    ("kworkers_batch", "raw", 0.6),
     ("kworkers", "quix", 1.5),
     ("kworkers", "arroyo", 3.0),
 )
@@ -111,7 +111,7 @@ def main(mode: Mode, profile: bool = False) -> None:
 
 
 def aims(summaries: dict[str, Summary]) -> None:
-    """Issue #18's aims as ratios of medians, met or not (n/a when a side did not run)."""
+    """The aims as ratios of medians, met or not (n/a when a side did not run)."""
     parts = []
     for side, against, at_least in AIMS:
         a, b = summaries[side], summaries[against]
