@@ -41,6 +41,7 @@ from kworkers.consumer.partition import Lane
 from kworkers.consumer.runner import current_lane
 from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers, ids_to_headers
 from kworkers.errors import BatchError, ConfigError, DecodeError, FencedError, RetryableError
+from kworkers.idempotency.attempts import LiveAttempts
 from kworkers.idempotency.store import ClaimState, IdempotencyStore
 from kworkers.message import Headers, Message
 from kworkers.payloads.serde import Serializer, serialize
@@ -186,7 +187,9 @@ def record_heartbeat(details: bytes) -> None:
     ctx.heartbeats += 1
     inv = ctx.invoker
     if inv is not None and inv.store is not None and ctx.token is not None:
-        inv.store.heartbeat(idempotency_key(), ctx.token, details, inv.lease_s, inv.clock.now())
+        now = inv.clock.now()
+        inv.store.heartbeat(idempotency_key(), ctx.token, details, inv.lease_s, now)
+        inv.live.hold(idempotency_key(), ctx.token, now + inv.lease_s)
     if lane is not None:
         lane.touch()  # extends the per-message deadline
 
@@ -262,6 +265,8 @@ class ActivityInvoker:
         self.lease_s = lease_s
         self.clock = clock or SystemClock()
         self.owner = _owner()
+        #: the keys this process's attempts hold (a store's lease is re-entrant for its owner)
+        self.live = LiveAttempts()
         self.busy_retry = busy_retry
         #: records without ids are refused (``MissingActivityIds``) instead of keyed by origin
         self.require_ids = require_ids
@@ -293,12 +298,22 @@ class ActivityInvoker:
         """(token, details, skip, takeover)."""
         if self.store is None or key is None:
             return None, None, False, False
-        claim = self.store.claim(key, self.owner, self.lease_s, self.clock.now())
-        if claim.state is ClaimState.DONE:
-            self.skipped += 1
-            return None, None, True, False
-        if claim.state is ClaimState.BUSY:
+        now = self.clock.now()
+        if not self.live.begin(key, now, self.lease_s):  # see kworkers.idempotency.attempts
+            raise RetryableError("LeaseBusy", f"{key} is being worked on by another attempt "
+                                 "in this process")
+        try:
+            claim = self.store.claim(key, self.owner, self.lease_s, now)
+        except BaseException:
+            self.live.end(key, None)
+            raise
+        if claim.state is not ClaimState.ACQUIRED:
+            self.live.end(key, None)
+            if claim.state is ClaimState.DONE:
+                self.skipped += 1
+                return None, None, True, False
             raise RetryableError("LeaseBusy", f"{key} is being worked on by a live attempt")
+        self.live.hold(key, claim.token, claim.lease_until)
         return claim.token, claim.details, False, claim.takeover
 
     def _context(self, msg: Message, keys: RecordKeys | None, key: str | None,
@@ -311,7 +326,10 @@ class ActivityInvoker:
         if self.store is None or ctx.key is None or ctx.key is _UNSET or ctx.token is None:
             return
         if not ok:
-            self.store.release(ctx.key, ctx.token)
+            try:
+                self.store.release(ctx.key, ctx.token)
+            finally:
+                self.live.end(ctx.key, ctx.token)
             return
         sink = current_sink.get()
         if sink is not None and sink.outputs:  # done only once its outputs are durable
@@ -329,6 +347,8 @@ class ActivityInvoker:
             # complete. Failing the record here would only send it through a retry tier.
             if not self.store.is_done(key):
                 raise
+        finally:
+            self.live.end(key, token)
 
     def _is_async(self, handler: Callable[..., Any]) -> bool:
         if handler is not self._last_handler:
@@ -405,7 +425,10 @@ class ActivityInvoker:
             done: list[tuple[str, int]] = []
             for m, (key, token) in claims.items():
                 if m in failed:
-                    store.release(key, token)
+                    try:
+                        store.release(key, token)
+                    finally:
+                        self.live.end(key, token)
                 else:
                     done.append((key, token))
             sink = current_sink.get()
@@ -419,8 +442,12 @@ class ActivityInvoker:
     def _complete_many(self, done: list[tuple[str, int]]) -> None:
         assert self.store is not None
         now = self.clock.now()
-        for key, token in done:
-            self.store.complete(key, token, now)
+        try:
+            for key, token in done:
+                self.store.complete(key, token, now)
+        finally:
+            for key, token in done:
+                self.live.end(key, token)
 
     def _call_batch(self, handler: Callable[..., Any], msgs: list[Message],
                     record_keys: RecordKeys | None) -> Any:

@@ -46,7 +46,7 @@ LAG_INTERVAL_S = 5.0
 VIEWS_INTERVAL_S = 0.5
 #: how often a fenced member whose coordinator answers again asks whether it is a member
 PROBE_EVERY_S = 1.0
-#: with every partition paused, wait for a completion rather than inside the client's poll
+#: with a partition paused, wait for a completion rather than inside the client's poll
 #: (``_step``); False only in the canary that shows the test of it has teeth
 IDLE_WAITS_FOR_COMPLETIONS = True
 
@@ -162,13 +162,13 @@ class Processor:
     def _step(self) -> None:
         gate = self.gate
         timeout = POLL_TIMEOUT_S if gate is None else gate.wait_bound(POLL_TIMEOUT_S)
-        # Every partition paused: the client has nothing to give, and a wait inside it would
-        # outlast the work in flight (the lanes run dry at the resume mark while the poll
-        # sleeps on). So poll without waiting (callbacks, heartbeats) and wait for the next
-        # completion instead, which is what may resume a partition.
+        # A partition paused: a wait inside the client would outlast its work in flight (its
+        # lane runs dry at the resume mark while the poll sleeps on, waiting for records of
+        # the others, which may be idle). So poll without waiting (records already fetched,
+        # callbacks, heartbeats) and wait for the next completion instead, which is what
+        # resumes a partition.
         parts = self.parts
-        idle_wait = IDLE_WAITS_FOR_COMPLETIONS and bool(parts) and \
-            all(ps.paused for ps in parts.values())
+        idle_wait = IDLE_WAITS_FOR_COMPLETIONS and any(ps.paused for ps in parts.values())
         msgs = self.consumer.poll_batch(
             backpressure.poll_size(self.limits, self._held, self.settings.consume_batch),
             0.0 if idle_wait else timeout)

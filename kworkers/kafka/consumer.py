@@ -156,7 +156,17 @@ class KafkaConsumerAdapter:
         )
 
     def poll_batch(self, n: int, timeout: float) -> list[Message]:
-        raw = self._c.consume(n, timeout)
+        """Up to ``n`` records: what the client holds now, else the first that arrives within
+        ``timeout`` and whatever came with it. Never ``consume(n, timeout)`` alone: it waits
+        out the whole timeout unless ``n`` records arrive, so a lone record waited for the
+        timeout, and a loop whose only fetchable partitions were idle slept through it while
+        its backlogged partitions, paused, drained dry."""
+        c = self._c
+        raw = c.consume(n, 0)
+        if not raw and timeout > 0:
+            raw = c.consume(1, timeout)
+            if raw and n > 1:
+                raw += c.consume(n - 1, 0)
         out: list[Message] = []
         append = out.append
         new = tuple.__new__  # NamedTuple's own __new__ is Python code: 0.4 us per record more
@@ -198,8 +208,22 @@ class KafkaConsumerAdapter:
             self._c.pause([TopicPartition(t, p) for t, p in tps])
 
     def resume(self, tps: Sequence[TP]) -> None:
-        if tps:
-            self._c.resume([TopicPartition(t, p) for t, p in tps])
+        """Resumes fetching, and seeks each partition to where it stands: a pause empties
+        librdkafka's prefetch, and a resume alone does not wake its fetcher, which took about a
+        second to fetch again when every partition had been paused (measured: 915-952 ms from
+        resume to the first record, 9-19 ms with the seek); the seek starts it at once."""
+        if not tps:
+            return
+        parts = [TopicPartition(t, p) for t, p in tps]
+        self._c.resume(parts)
+        for tp in self._c.position(parts):
+            if tp.offset < 0:
+                continue  # nothing read yet: the fetch starts from the committed offset
+            try:
+                self._c.seek(tp)
+            except KafkaException as exc:  # only the wake-up is lost: the fetch comes later
+                log.debug("seek after resume of %s [%d] refused: %s", tp.topic, tp.partition,
+                          exc)
 
     def watermarks(self, tp: TP, timeout: float = 1.0) -> tuple[int, int]:
         lo, hi = self._c.get_watermark_offsets(TopicPartition(*tp), timeout=timeout, cached=True)

@@ -50,7 +50,10 @@ reruns (a mapping does not say when it was read).
   already (its floor for that partition was past the offset);
 - ``not_redelivered``: a record a killed process had been given, at or beyond the commit floor
   at the moment of the kill, that no other process was given afterwards (a kill mid-flight must
-  cause a redelivery: otherwise that work went nowhere).
+  cause a redelivery: otherwise that work went nowhere). The floor is the fault's own reading
+  and every timed reading returned within the fault's ``settle_s``: a commit the victim sent
+  just before it died may land after the reading right after the death (a loaded broker),
+  and only the victim can commit its partitions until its session expires.
 
 ``redeliveries`` (allowed, counted) and ``applications`` are reported for the figures.
 
@@ -244,6 +247,11 @@ class Fault:
     what: str
     victim_pid: int | None = None
     sampled_at: float | None = None
+    #: how long after ``at`` a commit the victim sent before it died may still land; readings
+    #: returned by then bind as its floors too (``not_redelivered``). Keep it under the
+    #: victim's session timeout: until that expires the group gives its partitions to nobody
+    #: else, so a position read back meanwhile is the victim's own commit
+    settle_s: float = 0.0
 
     @property
     def floors_known_at(self) -> float:
@@ -253,14 +261,17 @@ class Fault:
 class FaultLog:
     """Faults as a test causes them; ``record`` right after each (it samples the floors)."""
 
-    def __init__(self, floors: Callable[[], Mapping[int, int]]) -> None:
+    def __init__(self, floors: Callable[[], Mapping[int, int]], settle_s: float = 0.0) -> None:
         self._floors = floors
+        #: ``Fault.settle_s`` of the kills recorded (a victim's session timeout bounds it)
+        self.settle_s = settle_s
         self.faults: list[Fault] = []
 
     def record(self, what: str, victim_pid: int | None = None) -> Fault:
         at = time.time()
         floors = dict(self._floors())
-        fault = Fault(at, floors, what, victim_pid, sampled_at=time.time())
+        fault = Fault(at, floors, what, victim_pid, sampled_at=time.time(),
+                      settle_s=self.settle_s if victim_pid is not None else 0.0)
         self.faults.append(fault)
         return fault
 
@@ -381,9 +392,10 @@ def check(
     for f in faults:
         if f.victim_pid is None:
             continue
+        floors = _settled_floors(f, readings)
         for (part, off), ds in sorted(by_offset.items()):
             mine = [d for d in ds if d.pid == f.victim_pid and d.at <= f.at]
-            if not mine or not _at_or_beyond(off, f.floors.get(part)):
+            if not mine or not _at_or_beyond(off, floors.get(part)):
                 continue
             last = mine[-1].at
             if not any(d.pid != f.victim_pid and d.at > last for d in ds):
@@ -403,6 +415,28 @@ def _timeline(commits: Commits, faults: Sequence[Fault]) -> tuple[
     if all(isinstance(c, CommitSample) for c in commits):
         return list(readings), readings
     return list(commits), readings
+
+
+def _settled_floors(fault: Fault, readings: Sequence[CommitSample]) -> dict[int, int]:
+    """A kill's floors once the victim's last commits landed: per partition, the highest of
+    its own reading and of every timed reading returned within ``settle_s`` of it.
+
+    Why: the reading taken right after the death can miss a commit the victim sent just
+    before it (still on its way, or queued behind a loaded coordinator's log append); its
+    records were committed, nobody is given them again, and ``not_redelivered`` would report
+    work that went nowhere where none did (2026-12-02: a victim ran partition 0's 52 records,
+    died 1.4 s later; its floor read 0, the partition's next owner found it committed to the
+    end). Readings up to ``settle_s`` later can only show the victim's own commits for its
+    partitions: the group gives them to nobody else before its session expires."""
+    out = dict(fault.floors)
+    if fault.settle_s <= 0:
+        return out
+    until = fault.at + fault.settle_s
+    for r in readings:
+        if r.at <= until:
+            for part, pos in r.positions.items():
+                out[part] = max(pos, out.get(part, pos))
+    return out
 
 
 def _positions(sample: CommitSample | Mapping[int, int]) -> Mapping[int, int]:

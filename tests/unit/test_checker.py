@@ -150,6 +150,31 @@ def test_a_kill_mid_flight_must_cause_a_redelivery(ledger: Ledger) -> None:
         == [(0, 0, "k")]
 
 
+def test_a_victims_commit_that_lands_after_the_floor_read_is_its_floor(
+        ledger: Ledger) -> None:
+    """The Redis kill loop's ``not_redelivered`` on 2026-12-02: the victim ran partition 0's
+    records, committed them and died; the floor read right after the death still said
+    nothing was committed (the commit was still on its way), and the partition's next owner
+    found it committed to the end and was given nothing. Readings returned within the
+    fault's ``settle_s`` (under the victim's session: nobody else owns its partitions yet)
+    are its floor too; a commit read back later, which another owner may have made without
+    running the records (the drop-after-kill canary), still is not."""
+    _run(ledger, {0: [0, 1, 2]}, pid=100, at=1.0)
+    log = _log({0: [0, 1, 2]})
+    landed = CommitSample(2.4, {0: 3}, started=2.2)  # the victim's commit, read back late
+
+    def kill(settle_s: float) -> Fault:
+        return Fault(2.0, {0: -1001}, "k", victim_pid=100, sampled_at=2.1, settle_s=settle_s)
+
+    assert check(ledger, log=log, commits=[landed], faults=[kill(0.0)]).not_redelivered \
+        == [(0, 0, "k"), (0, 1, "k"), (0, 2, "k")]  # before: the race this fixes
+    assert check(ledger, log=log, commits=[landed], faults=[kill(3.0)]).ok
+    # past the window the position may be another owner's that never ran the records
+    later = CommitSample(9.0, {0: 3}, started=8.8)
+    assert check(ledger, log=log, commits=[later], faults=[kill(3.0)]).not_redelivered \
+        == [(0, 0, "k"), (0, 1, "k"), (0, 2, "k")]
+
+
 def test_committed_work_run_again_is_a_finding_whatever_faults_came_before(
         ledger: Ledger) -> None:
     """Issue #25, item 1: offsets 0..3 handled and committed, a kill at t=0.5, offset 1

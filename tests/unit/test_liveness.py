@@ -382,51 +382,54 @@ def test_records_polled_during_a_drain_are_never_committed_past() -> None:
 
 
 class _TimedPolls(StickyConsumer):
-    """Records each poll's timeout and whether every assigned partition was paused then."""
+    """Records each poll's timeout and whether an assigned partition was paused then."""
 
     def __init__(self, records: dict[TP, list[Message]]) -> None:
         super().__init__(records)
         self.waits: list[tuple[float, bool]] = []
 
     def poll_batch(self, n: int, timeout: float) -> list[Message]:
-        all_paused = bool(self.assigned) and self.assigned <= self.paused
-        self.waits.append((timeout, all_paused))
+        self.waits.append((timeout, bool(self.assigned & self.paused)))
         return super().poll_batch(n, timeout)
 
 
 def _paused_polls(monkeypatch: pytest.MonkeyPatch, waits_for_completions: bool
                   ) -> list[float]:
-    """Every partition at its share behind held handlers, then let go: the timeouts of the
-    polls made while all of them were paused."""
+    """Partition 0 backlogged behind held handlers (paused at its share), partition 1 done
+    and idle (not paused: nothing of it in flight); then let go. The timeouts of the polls
+    made while partition 0 was paused."""
     monkeypatch.setattr(processor, "IDLE_WAITS_FOR_COMPLETIONS", waits_for_completions)
-    consumer = _TimedPolls(_records(2, 60))
+    records = _records(2, 60)
+    records[("t", 1)] = records[("t", 1)][:3]
+    consumer = _TimedPolls(records)
     gate = threading.Event()
 
     def handle(msg: Message) -> None:
-        gate.wait(10)
+        if msg.partition == 0:
+            gate.wait(10)
 
     w, t = _run(consumer, handle, max_in_flight=20, max_in_flight_per_partition=10,
                 consume_batch=10)
     try:
-        _wait(lambda: consumer.assigned and consumer.assigned <= consumer.paused,
-              "both partitions paused by backpressure")
+        _wait(lambda: ("t", 0) in consumer.paused and consumer.commits.get(("t", 1)) == 3,
+              "partition 0 paused by backpressure, partition 1 done")
         _wait(lambda: sum(p for _, p in consumer.waits) >= 3, "polls made while paused")
         gate.set()
-        _wait(lambda: consumer.commits.get(("t", 0)) == 60 and
-              consumer.commits.get(("t", 1)) == 60, "both partitions reach their end")
+        _wait(lambda: consumer.commits.get(("t", 0)) == 60, "partition 0 reaches its end")
     finally:
         w.stop()
         t.join(30)
-    return [timeout for timeout, all_paused in consumer.waits if all_paused]
+    return [timeout for timeout, paused in consumer.waits if paused]
 
 
-def test_with_every_partition_paused_the_loop_waits_for_completions_not_in_the_poll(
+def test_with_a_partition_paused_the_loop_waits_for_completions_not_in_the_poll(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wait inside the client's poll while nothing can be fetched outlasts the work in
-    flight: the lanes ran dry at the resume mark while the poll slept on (async no-op records
-    at 0.20x the raw loop's rate with 4 us of CPU each; 0.27x once the wait moved)."""
+    """A wait inside the client's poll while the partitions it could fetch from are idle
+    outlasts the paused partition's work in flight: its lane ran dry at the resume mark while
+    the poll slept on (at the end of a 1M-record benchmark, 75 polls of 0.1 s came back empty
+    and took 7.8 of its 11.7 s; in production, a hot partition beside idle ones)."""
     paused = _paused_polls(monkeypatch, waits_for_completions=True)
-    assert paused, "no poll was made with every partition paused: the check saw nothing"
+    assert paused, "no poll was made with a partition paused: the check saw nothing"
     assert all(timeout == 0.0 for timeout in paused), paused
 
 
