@@ -46,6 +46,10 @@ LAG_INTERVAL_S = 5.0
 VIEWS_INTERVAL_S = 0.5
 #: how often a fenced member whose coordinator answers again asks whether it is a member
 PROBE_EVERY_S = 1.0
+#: an idle wait woken by a completion gathers the others arriving this long after it
+IDLE_SETTLE_S = 0.002
+#: the longest idle wait while some partitions are not paused (then the client is asked again)
+IDLE_POLL_S = 0.005
 #: with a partition paused, wait for a completion rather than inside the client's poll
 #: (``_step``); False only in the canary that shows the test of it has teeth
 IDLE_WAITS_FOR_COMPLETIONS = True
@@ -180,7 +184,13 @@ class Processor:
                 self._since_commit += skipped
                 self._m_skipped.inc(skipped)
         self.runner.hand_offs.tick()
-        self._apply_completions(block=timeout if idle_wait and not msgs else 0.0)
+        if idle_wait and not msgs:
+            # while some partitions are not paused, look at the client again soon: their
+            # records may come in meanwhile (a poll without a wait is cheap)
+            everything = all(ps.paused for ps in parts.values())
+            self._idle_wait(timeout if everything else min(timeout, IDLE_POLL_S))
+        else:
+            self._apply_completions()
         if gate is not None:
             self.dispatcher.release(gate.release_due(self.parts))
         if self.watch is not None:
@@ -360,13 +370,37 @@ class Processor:
 
     # ------------------------------------------------------------------ completions
 
-    def _apply_completions(self, block: float = 0.0) -> None:
+    def _idle_wait(self, timeout: float) -> None:
+        """With a partition paused and nothing polled: apply completions as they come, for up
+        to ``timeout``, and end the wait as soon as one lets a paused partition resume. Not
+        at every completion: hand-offs complete one record at a time, and a step per record
+        took a storm's CPU per failed record from 41 to 51 us."""
+        clock = self.clock
+        until = clock.monotonic() + timeout
+        while True:
+            left = until - clock.monotonic()
+            if left <= 0 or not self._apply_completions(block=left, settle=IDLE_SETTLE_S):
+                return
+            if self._resumable():
+                return
+
+    def _resumable(self) -> bool:
+        """A paused partition is down to its resume mark: what the step after the wait acts on
+        (``backpressure.decide``)."""
+        parts = self.parts
+        low = self.limits.share(len(parts)) // 2
+        return any(ps.paused and ps.tracker.window <= low for ps in parts.values())
+
+    def _apply_completions(self, block: float = 0.0, settle: float = 0.0) -> int:
+        """Applies the completions reported so far (waiting up to ``block`` for the first);
+        how many reports there were."""
         parts = self.parts
         now = self.clock.monotonic()
         # counted over the whole drain, one update per counter: a storm's hand-offs complete
         # one record at a time, and each counter update takes a lock
-        fenced = done = all_retried = all_dead = 0
-        for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block):
+        fenced = done = all_retried = all_dead = seen = 0
+        for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block, settle):
+            seen += 1
             n = len(offsets)
             if parts.get(ps.tp) is not ps:
                 fenced += n
@@ -387,6 +421,7 @@ class Processor:
             self._m_retried.inc(all_retried)
         if all_dead:
             self._m_dead.inc(all_dead)
+        return seen
 
     # ------------------------------------------------------------------ flow control
 
