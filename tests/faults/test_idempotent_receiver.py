@@ -162,19 +162,18 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
 
 # PostgreSQL under kills and a broker restart is also CI's workflow kill loop
 # (test_workflow_faults.py); this one on PostgreSQL runs with KWORKERS_FULL=1 (CI budget).
-# Redis (lease mode, kill points) runs with KWORKERS_FULL=1 too since 2026-12-02: it failed 4
-# of 11 runs on one machine that day (1 of 3 on the code before that day's changes), two ways.
-# Records given to a killed process that nobody was given again: two races of the test, not
-# lost work (the run judged before the last victim's partition reached an owner that ran it:
-# ``_committed_all``; a victim's last commit landing after the floor read right after its
-# death: ``FaultLog(settle_s=...)``). Runs that never ended: an after-complete kill point whose
-# key another lane's kill left done without its marker can never fire
-# (``support.kill_point_landed``). Still open, so still full-only: two attempts of one key in
-# one process (a tier record redelivered beside its successor, or beside its source record)
-# both pass the lease claim (one owner per process, and a live lease is re-entrant for its
-# owner): a duplicate beyond the lease limit. docs/RELIABILITY.md row 3r, Known limits.
+# Redis (lease mode, kill points) was full-only for part of 2026-12-02: it failed 4 of 11 runs
+# on one machine, three ways. Records given to a killed process that nobody was given again:
+# two races of the test, not lost work (the run judged before the last victim's partition
+# reached an owner that ran it: ``_committed_all``; a victim's last commit landing after the
+# floor read right after its death: ``FaultLog(settle_s=...)``). Runs that never ended: an
+# after-complete kill point whose key another lane's kill left done without its marker can
+# never fire (``support.kill_point_landed``). And a product defect: two attempts of one key in
+# one process both passed the lease claim (one owner per process, a live lease re-entrant for
+# its owner), fixed by ``kworkers.idempotency.attempts``. Back in CI after 12 of 12 runs passed.
+# docs/RELIABILITY.md row 3r.
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.full_only),
-                                  pytest.param("redis", marks=pytest.mark.full_only)])
+                                  "redis"])
 def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind: str) -> None:
     bs = fault_broker.bootstrap_servers
     topic, group = make_topic(bs, unique("loop"), 6), unique("g")
