@@ -71,15 +71,20 @@ def test_duplicate_and_unknown_completions_are_ignored() -> None:
     assert t.position == 7
 
 
+def _offsets(gaps: list[int]) -> list[int]:
+    """Increasing offsets with the given gaps (compaction and markers leave gaps)."""
+    out, o = [], 0
+    for g in gaps:
+        o += g
+        out.append(o)
+    return out
+
+
 @given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=200), st.randoms())
 def test_random_completion_orders_never_go_back_or_skip(
     gaps: list[int], rnd: random.Random
 ) -> None:
-    offsets = []
-    o = 0
-    for g in gaps:
-        o += g
-        offsets.append(o)
+    offsets = _offsets(gaps)
     t = OffsetTracker()
     for off in offsets:
         t.track(off)
@@ -106,11 +111,7 @@ def test_random_completion_orders_never_go_back_or_skip(
 def test_bulk_track_and_complete_agree_with_one_by_one(
     gaps: list[int], rnd: random.Random, chunk: int
 ) -> None:
-    offsets = []
-    o = 0
-    for g in gaps:
-        o += g
-        offsets.append(o)
+    offsets = _offsets(gaps)
     one, bulk = OffsetTracker(), OffsetTracker()
     for off in offsets:
         one.track(off)
@@ -135,11 +136,7 @@ def test_runs_completed_in_fetch_order_agree_with_one_by_one(
 ) -> None:
     """``complete_many``'s fast path (a run from the head, compared in C) against ``complete``:
     lanes' runs completed mostly in order, some out of order, some twice."""
-    offsets = []
-    o = 0
-    for g in gaps:
-        o += g
-        offsets.append(o)
+    offsets = _offsets(gaps)
     one, bulk = OffsetTracker(), OffsetTracker()
     one.track_many(offsets)
     bulk.track_many(offsets)
