@@ -170,7 +170,7 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
 # after-complete kill point whose key another lane's kill left done without its marker can
 # never fire (``support.kill_point_landed``). And a product defect: two attempts of one key in
 # one process both passed the lease claim (one owner per process, a live lease re-entrant for
-# its owner), fixed by ``kworkers.idempotency.attempts``. Back in CI after 12 of 12 runs passed.
+# its owner), fixed by ``kworkers.idempotency.attempts``. Back in CI after 14 of 14 runs passed.
 # docs/RELIABILITY.md row 3r.
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.full_only),
                                   "redis"])
