@@ -187,9 +187,9 @@ def record_heartbeat(details: bytes) -> None:
     ctx.heartbeats += 1
     inv = ctx.invoker
     if inv is not None and inv.store is not None and ctx.token is not None:
-        now = inv.clock.now()
-        inv.store.heartbeat(idempotency_key(), ctx.token, details, inv.lease_s, now)
-        inv.live.hold(idempotency_key(), ctx.token, now + inv.lease_s)
+        key, now = idempotency_key(), inv.clock.now()
+        inv.store.heartbeat(key, ctx.token, details, inv.lease_s, now)
+        inv.live.hold(key, ctx.token, now + inv.lease_s)
     if lane is not None:
         lane.touch()  # extends the per-message deadline
 

@@ -87,11 +87,16 @@ class Decision:
     share: int
 
 
+def resume_mark(share: int) -> int:
+    """A paused partition resumes once it holds this many records or fewer (hysteresis)."""
+    return share // 2
+
+
 def decide(limits: Limits, load: Load) -> Decision:
     total = sum(p.in_flight for p in load.parts)
     share = limits.share(len(load.parts))
     stop_all = load.draining or load.breaker_open or load.fenced
-    low = share // 2
+    low = resume_mark(share)
     pause: list[TP] = []
     resume: list[TP] = []
     for p in load.parts:

@@ -388,7 +388,7 @@ class Processor:
         """A paused partition is down to its resume mark: what the step after the wait acts on
         (``backpressure.decide``)."""
         parts = self.parts
-        low = self.limits.share(len(parts)) // 2
+        low = backpressure.resume_mark(self.limits.share(len(parts)))
         return any(ps.paused and ps.tracker.window <= low for ps in parts.values())
 
     def _apply_completions(self, block: float = 0.0, settle: float = 0.0) -> int:
