@@ -93,6 +93,9 @@ class _Feed:
     def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
         raise LookupError("no broker")
 
+    def caught_up(self, tp: TP) -> bool:
+        return False  # unsure: backpressure pauses, never holds
+
     def position(self, tps: list[TP]) -> dict[TP, int | None]:
         return dict.fromkeys(tps)
 

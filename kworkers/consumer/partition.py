@@ -277,13 +277,16 @@ class Partition:
 class PartitionState(Partition):
     """A consumer group's partition, owned by the poll thread: offsets, its lanes, pause."""
 
-    __slots__ = ("lane", "paused", "tracker")
+    __slots__ = ("held", "lane", "paused", "tracker")
 
     def __init__(self, topic: str, partition: int, clock: Clock = _SYSTEM_CLOCK) -> None:
         super().__init__(topic, partition, clock)
         self.tracker = OffsetTracker()
         self.lane = Lane(self)  # the partition lane (ordering="partition")
         self.paused = False
+        #: at its share and held rather than paused: the loop polls nothing meanwhile
+        #: (``backpressure``; never paused and held at once)
+        self.held = False
 
     def lane_for(self, key: bytes | None) -> Lane:
         """The key lane of ``key`` (ordering="key")."""

@@ -64,6 +64,11 @@ class ConsumerPort(Protocol):
         """(low, high) offsets; with ``timeout`` 0 only what the client has cached (raises
         when nothing is)."""
         ...
+    def caught_up(self, tp: TP) -> bool:
+        """The client read to the end of ``tp``'s log and knows of nothing newer (from what it
+        has cached: its end-of-partition events and watermarks); False when unsure. What a
+        hold asks (``backpressure``): such a partition does not want the next poll."""
+        ...
     def position(self, tps: list[TP]) -> dict[TP, int | None]:
         """The client's positions: one past the last record *or transaction marker* it read
         (None: nothing read yet); local, no broker round trip. Like every call here, for the

@@ -53,6 +53,13 @@ IDLE_POLL_S = 0.005
 #: with a partition paused, wait for a completion rather than inside the client's poll
 #: (``_step``); False only in the canary that shows the test of it has teeth
 IDLE_WAITS_FOR_COMPLETIONS = True
+#: the longest a hold lasts before its partitions are paused (``backpressure``): about what
+#: a pause's refetch costs (librdkafka's ``fetch.wait.max.ms``, 500 ms by default); the
+#: client's callbacks (rebalances, commit outcomes, statistics) wait while a hold lasts
+HOLD_S = 0.5
+#: hold partitions at their share rather than pause them when no other wants records; False
+#: only in the canary that shows the test of it has teeth
+HOLDS = True
 
 
 class Processor:
@@ -101,6 +108,8 @@ class Processor:
             gate.capacity if gate is not None else None)
         #: records held at the last backpressure decision (what the next poll may add to)
         self._held = 0
+        #: since when partitions are held (``backpressure``: the loop takes nothing meanwhile)
+        self._hold_since: float | None = None
         #: the partitions as the stall watch sees them (replaced whole, never mutated)
         self.stall_views: tuple[PartitionView, ...] = ()
         self._last_views = float("-inf")
@@ -172,10 +181,18 @@ class Processor:
         # callbacks, heartbeats) and wait for the next completion instead, which is what
         # resumes a partition.
         parts = self.parts
-        idle_wait = IDLE_WAITS_FOR_COMPLETIONS and any(ps.paused for ps in parts.values())
-        msgs = self.consumer.poll_batch(
-            backpressure.poll_size(self.limits, self._held, self.settings.consume_batch),
-            0.0 if idle_wait else timeout)
+        hold_since = self._hold_since
+        idle_wait = hold_since is not None or (
+            IDLE_WAITS_FOR_COMPLETIONS and any(ps.paused for ps in parts.values()))
+        if hold_since is not None:
+            # held: no open partition wants records, so nothing is polled (a poll would hand
+            # out the held partitions' records); the wait below ends at the hold's bound
+            msgs = []
+            timeout = max(0.0, min(timeout, hold_since + HOLD_S - self.clock.monotonic()))
+        else:
+            msgs = self.consumer.poll_batch(
+                backpressure.poll_size(self.limits, self._held, self.settings.consume_batch),
+                0.0 if idle_wait else timeout)
         self.ready.set()
         if msgs:
             self.dispatcher.dispatch(msgs)
@@ -187,7 +204,7 @@ class Processor:
         if idle_wait and not msgs:
             # while some partitions are not paused, look at the client again soon: their
             # records may come in meanwhile (a poll without a wait is cheap)
-            everything = all(ps.paused for ps in parts.values())
+            everything = hold_since is not None or all(ps.paused for ps in parts.values())
             self._idle_wait(timeout if everything else min(timeout, IDLE_POLL_S))
         else:
             self._apply_completions()
@@ -385,11 +402,11 @@ class Processor:
                 return
 
     def _resumable(self) -> bool:
-        """A paused partition is down to its resume mark: what the step after the wait acts on
-        (``backpressure.decide``)."""
+        """A paused or held partition is down to its resume mark: what the step after the wait
+        acts on (``backpressure.decide``)."""
         parts = self.parts
         low = backpressure.resume_mark(self.limits.share(len(parts)))
-        return any(ps.paused and ps.tracker.window <= low for ps in parts.values())
+        return any((ps.paused or ps.held) and ps.tracker.window <= low for ps in parts.values())
 
     def _apply_completions(self, block: float = 0.0, settle: float = 0.0) -> int:
         """Applies the completions reported so far (waiting up to ``block`` for the first);
@@ -446,12 +463,23 @@ class Processor:
 
     def _backpressure(self) -> None:
         parts = list(self.parts.values())
+        now = self.clock.monotonic()
+        since = self._hold_since
         decision = backpressure.decide(self.limits, backpressure.Load(
-            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused)
+            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused, ps.held)
                    for ps in parts],
             draining=self._draining, breaker_open=self._breaker_was_open,
-            fenced=self._fenced))
+            fenced=self._fenced,
+            may_hold=HOLDS and (since is None or now - since < HOLD_S),
+            wants=self._wants))
         self._held = decision.in_flight
+        held = decision.held
+        if held or since is not None:
+            for ps in parts:
+                ps.held = False
+            for tp in held:
+                self.parts[tp].held = True
+            self._hold_since = (since if since is not None else now) if held else None
         if decision.pause:
             for tp in decision.pause:
                 self.parts[tp].paused = True
@@ -461,10 +489,15 @@ class Processor:
                 self.parts[tp].paused = False
             self.consumer.resume(list(decision.resume))
         self._m_in_flight.set(decision.in_flight)
-        paused = sum(1 for ps in parts if ps.paused)
+        paused = sum(1 for ps in parts if ps.paused) + len(held)
         why = observe.pause_reason(self._draining, self._breaker_was_open, self._fenced)
         for reason, gauge in self._m_paused_by.items():
             gauge.set(paused if reason == why else 0)
+
+    def _wants(self, tp: TP) -> bool:
+        """Whether the next poll may have records of ``tp`` to hand out (a hold asks this of
+        the open partitions): unless the client caught up with its log's end, assume so."""
+        return not self.consumer.caught_up(tp)
 
     # ------------------------------------------------------------------ rebalance
 

@@ -105,6 +105,8 @@ class KafkaConsumerAdapter:
         self._clock = clock or SystemClock()
         self._results: list[CommitReport] = []
         self._contact: float | None = None
+        #: where the client last reached the end of a partition (``enable.partition.eof``)
+        self._ends: dict[TP, int] = {}
         full = dict(conf)
         full["on_commit"] = self._on_commit
         full["stats_cb"] = self._on_stats
@@ -146,7 +148,10 @@ class KafkaConsumerAdapter:
                 c.incremental_assign(parts)
             else:
                 c.assign(parts)
-            on_assign(pairs(parts))
+            tps = pairs(parts)
+            for tp in tps:  # an end seen under an earlier assignment says nothing now
+                self._ends.pop(tp, None)
+            on_assign(tps)
 
         self._c.subscribe(
             list(topics),
@@ -176,7 +181,11 @@ class KafkaConsumerAdapter:
             if err is not None:
                 if err.fatal():
                     raise KafkaException(err)
-                if err.code() != KafkaError._PARTITION_EOF:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    topic, part, end = m.topic(), m.partition(), m.offset()
+                    if topic is not None and part is not None and end is not None:
+                        self._ends[(topic, part)] = end
+                else:
                     log.warning("consumer error (the client retries it): %s", err)
                 continue
             h = m.headers()
@@ -214,6 +223,17 @@ class KafkaConsumerAdapter:
     def watermarks(self, tp: TP, timeout: float = 1.0) -> tuple[int, int]:
         lo, hi = self._c.get_watermark_offsets(TopicPartition(*tp), timeout=timeout, cached=True)
         return int(lo), int(hi)
+
+    def caught_up(self, tp: TP) -> bool:
+        end = self._ends.get(tp)
+        if end is None:
+            return False
+        try:
+            _lo, hi = self._c.get_watermark_offsets(TopicPartition(*tp), timeout=0,
+                                                    cached=True)
+        except KafkaException:
+            return False
+        return 0 <= hi <= end
 
     def position(self, tps: list[TP]) -> dict[TP, int | None]:
         got = self._c.position([TopicPartition(t, p) for t, p in tps])

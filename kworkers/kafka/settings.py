@@ -220,6 +220,9 @@ def consumer_settings(client: ClientSettings | str, group: str, protocol: str = 
         "fetch.queue.backoff.ms": 10,
         # the statistics say when the group coordinator last answered (self-fencing)
         "statistics.interval.ms": 1000,
+        # the end of a partition's log, reported: what lets backpressure hold a partition at
+        # its share instead of pausing it (``kworkers.consumer.backpressure``)
+        "enable.partition.eof": True,
         "log_level": 4,
     }
     if protocol == "classic":

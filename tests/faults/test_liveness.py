@@ -10,6 +10,7 @@ them, so the rules are exercised, not only allowed.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -19,13 +20,16 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from kworkers import Worker
+from kworkers.consumer import processor
 from kworkers.testing import Broker
 from kworkers.testing.broker import free_port
 from kworkers.testing.checker import committed
 from kworkers.testing.ledger import Delivery, Ledger
 from kworkers.testing.processes import WorkerProcess
 from kworkers.testing.workload import full_size, make_topic, unique
-from tests.integration.conftest import wait_for
+from tests.apps.adapters import KafkaConsumerAdapter, consumer_settings
+from tests.integration.conftest import running, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -178,3 +182,61 @@ def test_canary_a_worker_that_skips_its_resume_is_caught_and_turns_unready(
         assert "stuck past 3 stall bounds" in w.log()
     finally:
         w.close()
+
+
+class _FetchCount(KafkaConsumerAdapter):
+    """The real adapter; librdkafka's own statistics say how many records it fetched per
+    partition (``rxmsgs``): a record fetched, dropped at a pause and fetched again counts
+    twice."""
+
+    rx: dict[int, int]
+
+    def _on_stats(self, stats: str) -> None:
+        super()._on_stats(stats)
+        for topic in json.loads(stats).get("topics", {}).values():
+            self.rx = {int(p): int(v.get("rxmsgs", 0))
+                       for p, v in topic.get("partitions", {}).items() if int(p) >= 0}
+
+
+def _fetched_for_a_hot_partition(bs: str, n: int) -> int:
+    """One partition with a backlog of ``n`` far above its share (100), two idle at their
+    end, a no-op handler in-process; how many records of it the client fetched."""
+    topic, group = make_topic(bs, unique("hot"), 3), unique("g")
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 5, "log_level": 3})
+    for i in range(n):
+        p.produce(topic, value=b"%d" % i, partition=0)
+        p.poll(0)
+    assert p.flush(60) == 0
+    consumers: list[_FetchCount] = []
+
+    def consumer(g: str) -> _FetchCount:
+        c = _FetchCount(consumer_settings(bs, g))
+        consumers.append(c)
+        return c
+
+    w = Worker(topics=[topic], group_id=group, bootstrap_servers=bs, consumer=consumer,
+               max_in_flight=300, max_in_flight_per_partition=100)
+    w.handler(lambda msg: None)
+    main: list[_FetchCount] = []
+    with running(w):
+        wait_for(lambda: committed(bs, group, topic).get(0) == n, 120, "the backlog committed")
+        main = [c for c in consumers if c.group == group]
+        wait_for(lambda: getattr(main[0], "rx", {}).get(0, 0) >= n, 30, "statistics for it")
+    return main[0].rx[0]
+
+
+@pytest.mark.parametrize("holds", [True, False], ids=["held", "canary-paused"])
+def test_a_hot_partition_beside_idle_ones_is_fetched_once(
+        kafka_broker: Broker, holds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backpressure that pauses throws librdkafka's read-ahead away, and the partition's next
+    records wait for a fetch long-polling the idle ones (up to 500 ms); held instead, each
+    record is fetched once. Counted by the client library, not by kworkers: the canary (the
+    pause it replaced) fetches the same records again and again."""
+    monkeypatch.setattr(processor, "HOLDS", holds)
+    n = 20_000
+    fetched = _fetched_for_a_hot_partition(kafka_broker.bootstrap_servers, n)
+    print(f"holds={holds}: {fetched:,} records fetched for {n:,}")
+    if holds:
+        assert fetched < n * 1.2, fetched  # a hold that outlasts HOLD_S may pause, rarely
+    else:
+        assert fetched > n * 2, fetched

@@ -4,6 +4,7 @@ hysteresis, the liveness rule (no partition paused for what others hold) and the
 from __future__ import annotations
 
 import random
+from collections.abc import Set
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,18 +83,21 @@ def test_never_pauses_and_resumes_one_partition_at_once(
 
 
 def _simulate(limits: Limits, n: int, batch: int, steps: int, seed: int,
-              clamp: bool = True) -> int:
+              clamp: bool = True, holds: bool = True, poll_held: bool = False,
+              complete_p: float = 0.3, wants_p: float = 0.5, hold_p: float = 0.8) -> int:
     """The poll loop's admission with adversarial fetches: each poll's records go to one
     unpaused partition (librdkafka hands out a partition's fetched run together), random
-    completions between polls. Returns the most records ever held."""
+    completions between polls, holds allowed at random (``holds``) with random answers to
+    whether a partition wants records. Returns the most records ever held."""
     rnd = random.Random(seed)
     held = [0] * n
     paused = [False] * n
+    hold = [False] * n
     peak = 0
     for _ in range(steps):
         k = poll_size(limits, sum(held), batch) if clamp else batch
         open_ = [i for i in range(n) if not paused[i]]
-        if open_:
+        if open_ and (poll_held or not any(hold)):  # a hold: the loop polls nothing
             while k > 0:
                 i = rnd.choice(open_)
                 got = rnd.randint(1, k)
@@ -101,14 +105,19 @@ def _simulate(limits: Limits, n: int, batch: int, steps: int, seed: int,
                 k -= got
         peak = max(peak, sum(held))
         for i in range(n):  # some partitions complete some records
-            if held[i] and rnd.random() < 0.3:
+            if held[i] and rnd.random() < complete_p:
                 held[i] -= rnd.randint(0, held[i])
-        d = decide(limits, Load([PartitionLoad(("t", i), held[i], paused[i])
-                                 for i in range(n)]))
+        d = decide(limits, Load([PartitionLoad(("t", i), held[i], paused[i], hold[i])
+                                 for i in range(n)],
+                                may_hold=holds and rnd.random() < hold_p,
+                                wants=lambda _tp: rnd.random() < wants_p))
         for _tp, i in d.pause:
             paused[i] = True
         for _tp, i in d.resume:
             paused[i] = False
+        hold = [False] * n
+        for _tp, i in d.held:
+            hold[i] = True
     return peak
 
 
@@ -127,3 +136,78 @@ def test_without_the_poll_size_the_bound_does_not_hold() -> None:
     peaks = [_simulate(limits, 40, 500, 300, seed, clamp=False) for seed in range(5)]
     assert max(peaks) > 2000 + max(2000, 40), peaks
     assert all(_simulate(limits, 40, 500, 300, s) <= 4000 for s in range(5))
+
+
+def test_canary_a_loop_that_polls_while_it_holds_breaks_the_bound() -> None:
+    """Held partitions are at their share and not paused: a poll hands them records (one a
+    poll once the bound is reached), so only not polling keeps the bound."""
+    limits = Limits(200, per_partition=200)
+    kw = {"steps": 3000, "complete_p": 0.002, "wants_p": 0.0, "hold_p": 1.0}
+    peaks = [_simulate(limits, 4, 50, seed=s, poll_held=True, **kw) for s in range(5)]
+    assert max(peaks) > 200 + max(200, 4), peaks
+    assert all(_simulate(limits, 4, 50, seed=s, **kw) <= 400 for s in range(5))
+
+
+# ------------------------------------------------------------------ holds
+
+def _hold_load(*parts: tuple[int, bool, bool], wanting: Set[int] = frozenset(),
+               **kw: bool) -> Load:
+    return Load([PartitionLoad(("t", i), n, p, h) for i, (n, p, h) in enumerate(parts)],
+                may_hold=kw.pop("may_hold", True), wants=lambda tp: tp[1] in wanting, **kw)
+
+
+def test_a_partition_at_its_share_is_held_when_no_open_one_wants_records() -> None:
+    d = decide(LIMITS, _hold_load((40, False, False), (0, False, False)))
+    assert d.held == (("t", 0),) and d.pause == ()
+
+
+def test_an_open_partition_that_wants_records_turns_the_hold_into_a_pause() -> None:
+    d = decide(LIMITS, _hold_load((40, False, False), (0, False, False), wanting={1}))
+    assert d.pause == (("t", 0),) and d.held == ()
+    # a held partition too: the next poll would hand it more
+    d = decide(LIMITS, _hold_load((30, False, True), (0, False, False), wanting={1}))
+    assert d.pause == (("t", 0),) and d.held == ()
+
+
+def test_a_partition_resumed_now_counts_as_open() -> None:
+    d = decide(LIMITS, _hold_load((40, False, False), (20, True, False), wanting={1}))
+    assert d.resume == (("t", 1),) and d.pause == (("t", 0),) and d.held == ()
+
+
+def test_a_hold_lasts_to_the_resume_mark_and_no_longer_than_allowed() -> None:
+    assert decide(LIMITS, _hold_load((21, False, True))).held == (("t", 0),)
+    d = decide(LIMITS, _hold_load((20, False, True)))
+    assert d.held == () and d.pause == ()  # released: the next poll may take records
+    d = decide(LIMITS, _hold_load((30, False, True), may_hold=False))
+    assert d.held == () and d.pause == (("t", 0),)  # held too long: paused
+
+
+def test_a_drain_an_open_breaker_or_a_fence_pauses_what_is_held() -> None:
+    for kw in ({"draining": True}, {"breaker_open": True}, {"fenced": True}):
+        d = decide(LIMITS, _hold_load((30, False, True), (0, False, False), **kw))
+        assert d.held == () and set(d.pause) == {("t", 0), ("t", 1)}
+
+
+def test_without_a_wants_answer_nothing_is_held() -> None:
+    d = decide(LIMITS, Load([PartitionLoad(("t", 0), 40, False)], may_hold=True))
+    assert d.pause == (("t", 0),) and d.held == ()
+
+
+@given(st.lists(st.tuples(st.integers(0, 200), st.booleans(), st.booleans()), max_size=8),
+       st.sets(st.integers(0, 7)), st.booleans(), st.booleans())
+def test_a_hold_never_stands_beside_an_open_partition_that_wants_records(
+    parts: list[tuple[int, bool, bool]], wanting: set[int], may_hold: bool, draining: bool
+) -> None:
+    parts = [(n, p, h and not p) for n, p, h in parts]  # never paused and held at once
+    d = decide(LIMITS, _hold_load(*parts, wanting=wanting, may_hold=may_hold,
+                                  draining=draining))
+    assert not set(d.held) & (set(d.pause) | set(d.resume))
+    if d.held:
+        assert may_hold and not draining
+        stopped = set(d.held) | set(d.pause)
+        open_after = {("t", i) for i, (_n, p, _h) in enumerate(parts) if not p} | set(d.resume)
+        assert not {("t", i) for i in wanting} & (open_after - stopped)
+    low = d.share // 2
+    for i, (n, _p, h) in enumerate(parts):  # a hold ends at the resume mark
+        if h and n <= low and not draining:
+            assert ("t", i) not in d.held and ("t", i) not in d.pause

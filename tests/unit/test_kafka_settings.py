@@ -30,7 +30,7 @@ def test_a_bare_address_gives_the_configurations_kworkers_always_used() -> None:
         "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
         "group.protocol": "classic", "max.poll.interval.ms": 300_000, "log_level": 4,
         "fetch.queue.backoff.ms": 10,
-        "statistics.interval.ms": 1000,
+        "statistics.interval.ms": 1000, "enable.partition.eof": True,
         "partition.assignment.strategy": "cooperative-sticky", "fetch.min.bytes": 10,
         # failover for worker pools: 10 s, not librdkafka's 45 s (the client decides)
         "session.timeout.ms": 10_000, "heartbeat.interval.ms": 3_000}

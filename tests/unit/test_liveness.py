@@ -52,6 +52,8 @@ class StickyConsumer:
         self.polls = 0
         self.results: list[tuple[dict[TP, int], BaseException | None]] = []
         self.lock = threading.Lock()
+        #: whether ``caught_up`` tells (else it is always unsure, as without the events)
+        self.reports_ends = False
 
     def subscribe(self, topics: Iterable[str], on_assign: Callback, on_revoke: Callback,
                   on_lost: Callback) -> None:
@@ -117,6 +119,10 @@ class StickyConsumer:
 
     def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
         return 0, len(self.logs[tp])
+
+    def caught_up(self, tp: TP) -> bool:
+        """As librdkafka's end-of-partition events say it, when ``reports_ends``."""
+        return self.reports_ends and self.next[tp] >= len(self.logs[tp])
 
     def position(self, tps: list[TP]) -> dict[TP, int | None]:
         return {tp: self.next.get(tp) for tp in tps}
@@ -437,3 +443,80 @@ def test_canary_a_loop_that_waits_in_the_poll_while_paused_is_caught(
         monkeypatch: pytest.MonkeyPatch) -> None:
     paused = _paused_polls(monkeypatch, waits_for_completions=False)
     assert paused and any(timeout > 0 for timeout in paused)
+
+
+class _CountedPauses(StickyConsumer):
+    def __init__(self, records: dict[TP, list[Message]]) -> None:
+        super().__init__(records)
+        self.reports_ends = True
+        self.pauses: Counter[TP] = Counter()
+
+    def pause(self, tps: list[TP]) -> None:
+        self.pauses.update(tps)
+        super().pause(tps)
+
+
+def _hot_beside_idle(monkeypatch: pytest.MonkeyPatch, holds: bool) -> _CountedPauses:
+    """Partition 0 holds a backlog far above its share (13 here), partitions 1 and 2 are
+    idle at their end; a no-op handler. The hold's time bound is set out of reach, so what
+    is counted is the rule, not the machine's speed."""
+    monkeypatch.setattr(processor, "HOLDS", holds)
+    monkeypatch.setattr(processor, "HOLD_S", 600.0)
+    records = _records(3, 600)
+    records[("t", 1)] = records[("t", 2)] = []
+    consumer = _CountedPauses(records)
+    w, t = _run(consumer, lambda msg: None, max_in_flight=40,
+                max_in_flight_per_partition=20, consume_batch=10)
+    try:
+        _wait(lambda: consumer.commits.get(("t", 0)) == 600, "partition 0 reaches its end")
+        before_stop = Counter(consumer.pauses)  # the stop's drain pauses everything
+    finally:
+        w.stop()
+        t.join(30)
+    consumer.pauses = before_stop
+    return consumer
+
+
+def test_a_hot_partition_beside_idle_ones_is_held_at_its_share_not_paused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka empties a paused partition's read-ahead and brings it back only with the
+    next fetch response, which a fetch long-polling the idle partitions holds back up to
+    ``fetch.wait.max.ms``: one hot partition then ran a share's worth of records and waited
+    half a second, over and over. Nothing else wants records here, so it is held instead."""
+    consumer = _hot_beside_idle(monkeypatch, holds=True)
+    assert consumer.pauses[("t", 0)] == 0, consumer.pauses
+    assert consumer.polls > 600 // 10  # it did cross its share, many times: 600 > 13
+
+
+def test_canary_a_loop_that_pauses_a_hot_partition_beside_idle_ones_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = _hot_beside_idle(monkeypatch, holds=False)
+    assert consumer.pauses[("t", 0)] > 0
+
+
+def test_a_hold_is_bounded_then_the_partition_is_paused_and_the_loop_polls_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold polls nothing, so the client's callbacks wait while it lasts: a handler stuck
+    past ``HOLD_S`` turns it into a pause, and polling (heartbeat callbacks, rebalances,
+    commit outcomes) goes on."""
+    monkeypatch.setattr(processor, "HOLD_S", 0.05)
+    records = _records(2, 100)
+    records[("t", 1)] = []
+    consumer = _CountedPauses(records)
+    gate = threading.Event()
+
+    def handle(msg: Message) -> None:
+        gate.wait(30)
+
+    w, t = _run(consumer, handle, max_in_flight=20, max_in_flight_per_partition=10,
+                consume_batch=10)
+    try:
+        _wait(lambda: ("t", 0) in consumer.paused, "the held partition paused at the bound")
+        polls = consumer.polls
+        _wait(lambda: consumer.polls > polls + 2, "polls go on while it stays paused")
+        gate.set()
+        _wait(lambda: consumer.commits.get(("t", 0)) == 100, "partition 0 reaches its end")
+    finally:
+        gate.set()
+        w.stop()
+        t.join(30)

@@ -95,6 +95,9 @@ class ScriptedConsumer:
     def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
         raise LookupError("nothing cached")
 
+    def caught_up(self, tp: TP) -> bool:
+        return False  # unsure: backpressure pauses, never holds
+
     def position(self, tps: list[TP]) -> dict[TP, int | None]:
         return dict.fromkeys(tps)
 

@@ -152,6 +152,9 @@ class TierStub:
     def watermarks(self, tp: Any, timeout: float) -> tuple[int, int]:
         raise LookupError
 
+    def caught_up(self, tp: Any) -> bool:
+        return False  # unsure: backpressure pauses, never holds
+
     def position(self, tps: Any) -> dict[Any, int | None]:
         return dict.fromkeys(tps)
 
