@@ -141,6 +141,11 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
         store.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))
         if key == "100":
             pauser.pause("short", SHORT_PAUSE_S)
+        elif key == "101":
+            # the rest of the partition sits in the client's read-ahead (a hold keeps it), so
+            # without this the worker would run up to 200, and freeze the broker again, within
+            # the short pause: the commits of the short pause would not be told apart
+            wait_for(lambda: pauser.resumed["short"].is_set(), 60, "the short pause over")
         elif key == "200":
             pauser.pause("long", LONG_PAUSE_S)
 
