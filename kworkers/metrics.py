@@ -109,7 +109,8 @@ class Metrics:
             registry=r)
         self.paused = Gauge(
             "kworkers_paused_partitions", "Partitions paused, by reason: backpressure (each "
-            "holds its share of max_in_flight), breaker (open), draining (a graceful stop)",
+            "holds its share of max_in_flight; held without a pause in the client counted "
+            "too), breaker (open), draining (a graceful stop), fenced",
             ["group", "reason"], registry=r)
         self.partition_stalled = Gauge(
             "kworkers_partition_stalled", "1 while an assigned partition with lag makes no "
