@@ -69,6 +69,12 @@ class Membership:
     def silent_for(self, now: float) -> float:
         return now - max(self.since, self.contact_at or self.since)
 
+    def may_wait(self, now: float, seconds: float) -> bool:
+        """Whether the member may go ``seconds`` without hearing what its client says (a hold
+        polls nothing, so the statistics that tell the coordinator's silence wait for its
+        end) and still fence itself in time: not when the threshold could pass meanwhile."""
+        return not self.fenced and self.silent_for(now) + seconds < self.threshold
+
     def update(self, now: float) -> bool:
         """True when the member fences itself now (it was silent past the threshold)."""
         if self.fenced or self.silent_for(now) < self.threshold:

@@ -470,8 +470,7 @@ class Processor:
                    for ps in parts],
             draining=self._draining, breaker_open=self._breaker_was_open,
             fenced=self._fenced,
-            may_hold=HOLDS and (since is None or now - since < HOLD_S),
-            wants=self._wants))
+            may_hold=self._may_hold(now, since), wants=self._wants))
         self._held = decision.in_flight
         held = decision.held
         if held or since is not None:
@@ -493,6 +492,15 @@ class Processor:
         why = observe.pause_reason(self._draining, self._breaker_was_open, self._fenced)
         for reason, gauge in self._m_paused_by.items():
             gauge.set(paused if reason == why else 0)
+
+    def _may_hold(self, now: float, since: float | None) -> bool:
+        """A hold may start or go on: within ``HOLD_S``, and never while self-fencing could
+        come due meanwhile (a hold polls nothing, so the statistics that tell the
+        coordinator's silence would arrive only after it)."""
+        if not HOLDS or (since is not None and now - since >= HOLD_S):
+            return False
+        m = self.membership
+        return m is None or m.may_wait(now, HOLD_S)
 
     def _wants(self, tp: TP) -> bool:
         """Whether the next poll may have records of ``tp`` to hand out (a hold asks this of

@@ -33,6 +33,18 @@ def test_a_member_fences_itself_after_the_session_less_the_margin_of_silence() -
     assert m.update(17.2)
 
 
+def test_a_hold_may_not_outlast_the_time_left_before_fencing() -> None:
+    """A backpressure hold polls nothing, so the statistics that tell the coordinator's
+    silence arrive only after it: the processor holds only while the threshold (8 s here)
+    cannot pass meanwhile (``Processor._may_hold`` asks with ``HOLD_S``)."""
+    m = Membership(session_s=10.0, margin_s=2.0, since=0.0)
+    assert m.may_wait(0.0, 0.5) and m.may_wait(7.4, 0.5)
+    assert not m.may_wait(7.5, 0.5)  # 7.5 + 0.5 reaches the threshold
+    m.observe(7.0)
+    assert m.may_wait(7.5, 0.5)  # heard at 7.0: silent 0.5 s
+    assert m.update(15.0) and not m.may_wait(15.0, 0.0)  # fenced: nothing to wait for
+
+
 def test_the_margin_leaves_time_to_work_and_to_stop() -> None:
     assert default_margin(45.0) == 9.0
     assert default_margin(3.0) == 1.0

@@ -520,3 +520,4 @@ def test_a_hold_is_bounded_then_the_partition_is_paused_and_the_loop_polls_again
         gate.set()
         w.stop()
         t.join(30)
+
