@@ -4,7 +4,8 @@ batch once ``Worker`` has batch handlers), run by ``benchmarks.child`` in a proc
 The handler's whole work is ``meter.hit()``, as on every other side. The read-ahead cap goes in
 through the public ``consumer_config``; ``options.commit`` picks the commit policy
 (``default`` or ``never``, for the commits benchmark); ``options.rate_limit`` a rate limit (the
-pace benchmark).
+pace benchmark); ``options.holds`` False switches backpressure's hold off (the hot benchmark's
+control).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def run_worker(spec: dict[str, Any], meter: Meter,
     """Builds the worker (``settings``: more of ``Worker``'s), lets ``register`` give it its
     handler, and runs it until ``n``."""
     options = spec.get("options", {})
+    if options.get("holds") is False:  # benchmarks.hot's control: pause, never hold
+        from kworkers.consumer import processor
+
+        processor.HOLDS = False
     pace: dict[str, Any] = {}
     if options.get("rate_limit"):  # benchmarks.pace: {"per_second", "scope", "store"}
         from kworkers.pace import RateLimit, open_buckets

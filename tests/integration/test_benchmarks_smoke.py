@@ -44,6 +44,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "pace": ("noop_mps", "ratio_replica", "ratio_pool_pg"),
     "handoff_cpu": ("noop_us", "fail_us", "cpu_ratio", "contention"),
     "schedule": ("early", "p99_ms", "schedule_per_s", "delivered"),
+    "hot": ("raw_mps", "kworkers_mps", "pausing_mps", "hold_gain", "short_commits"),
 }
 # Sides that cannot run in smoke mode; their RESULT value is "n/a".
 NOT_IN_SMOKE = {"peers": ("quix_mps", "arroyo_mps", "faststream_mps", "faststream_batch_mps"),
