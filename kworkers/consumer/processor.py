@@ -55,7 +55,8 @@ IDLE_POLL_S = 0.005
 IDLE_WAITS_FOR_COMPLETIONS = True
 #: the longest a hold lasts before its partitions are paused (``backpressure``): about what
 #: a pause's refetch costs (librdkafka's ``fetch.wait.max.ms``, 500 ms by default); the
-#: client's callbacks (rebalances, commit outcomes, statistics) wait while a hold lasts
+#: client's commit outcomes and statistics wait while a hold lasts (a rebalance does not:
+#: librdkafka pauses the assignment itself before it)
 HOLD_S = 0.5
 #: hold partitions at their share rather than pause them when no other wants records; False
 #: only in the canary that shows the test of it has teeth

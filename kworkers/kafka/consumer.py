@@ -229,9 +229,8 @@ class KafkaConsumerAdapter:
         if end is None:
             return False
         try:
-            _lo, hi = self._c.get_watermark_offsets(TopicPartition(*tp), timeout=0,
-                                                    cached=True)
-        except KafkaException:
+            _lo, hi = self.watermarks(tp, 0.0)
+        except KafkaException:  # nothing cached yet
             return False
         return 0 <= hi <= end
 
