@@ -138,11 +138,14 @@ def _parse_int(name: str, raw: bytes, minimum: int | None = None,
     # A strict pattern, not int(): int() would accept " 2", "+2" and "1_0", which no writer of
     # ours produces; the int64 range is Kafka's own for offsets and timestamps, so a value
     # beyond it (9223372036854775808) is refused here instead of surfacing as a number later.
-    if not _INT.fullmatch(raw):
-        raise HeaderError(name, "expected a decimal integer", raw)
-    n = int(raw)
-    if not _INT64_MIN <= n <= _INT64_MAX:
-        raise HeaderError(name, "beyond the 64-bit range", raw)
+    if raw.isdigit() and len(raw) <= 18:  # what kworkers writes: ASCII digits, in range
+        n = int(raw)
+    else:
+        if not _INT.fullmatch(raw):
+            raise HeaderError(name, "expected a decimal integer", raw)
+        n = int(raw)
+        if not _INT64_MIN <= n <= _INT64_MAX:
+            raise HeaderError(name, "beyond the 64-bit range", raw)
     if minimum is not None and n < minimum:
         raise HeaderError(name, f"expected an integer >= {minimum}", raw)
     if maximum is not None and n > maximum:
@@ -150,15 +153,12 @@ def _parse_int(name: str, raw: bytes, minimum: int | None = None,
     return n
 
 
-def _int(headers: Headers, name: str, *, minimum: int | None = None,
+def _int(raw: bytes | None, name: str, *, minimum: int | None = None,
          maximum: int | None = None) -> int | None:
-    raw = last_value(headers, name)
     return None if raw is None else _parse_int(name, raw, minimum, maximum)
 
 
-def text_of(headers: Headers, name: str) -> str | None:
-    """The last value of ``name`` as text; ``HeaderError`` when too long or not UTF-8."""
-    raw = last_value(headers, name)
+def _text(raw: bytes | None, name: str) -> str | None:
     if raw is None:
         return None
     if len(raw) > MAX_HEADER_VALUE:
@@ -169,15 +169,20 @@ def text_of(headers: Headers, name: str) -> str | None:
         raise HeaderError(name, "expected UTF-8 text", raw) from None
 
 
-def _time(headers: Headers, name: str) -> float | None:
-    ms = _int(headers, name, minimum=0, maximum=MAX_TIME_MS)
+def text_of(headers: Headers, name: str) -> str | None:
+    """The last value of ``name`` as text; ``HeaderError`` when too long or not UTF-8."""
+    return _text(last_value(headers, name), name)
+
+
+def _time(raw: bytes | None, name: str) -> float | None:
+    ms = _int(raw, name, minimum=0, maximum=MAX_TIME_MS)
     return None if ms is None else ms / 1000
 
 
 def time_of(headers: Headers, name: str) -> float | None:
     """The last value of time header ``name`` (epoch ms) in seconds; None when absent,
     ``HeaderError`` when it is not a time kworkers could have written."""
-    return _time(headers, name)
+    return _time(last_value(headers, name), name)
 
 
 def _need(value: _T | None, name: str) -> _T:
@@ -196,12 +201,12 @@ def attempt_of(headers: Headers) -> int:
 
 def due_at_of(headers: Headers) -> float | None:
     """When a retry record is due, in seconds; None for a record with no due time."""
-    return _time(headers, DUE_AT)
+    return _time(last_value(headers, DUE_AT), DUE_AT)
 
 
 def dead_lettered_at_of(headers: Headers) -> float | None:
     """When a DLQ record was dead-lettered, in seconds; None when absent."""
-    return _time(headers, DEAD_LETTERED_AT)
+    return _time(last_value(headers, DEAD_LETTERED_AT), DEAD_LETTERED_AT)
 
 
 def dlq_reason_of(headers: Headers) -> str | None:
@@ -228,7 +233,10 @@ def check_due(due_at: float, now: float, max_ahead: float) -> float:
 
 def topic_id_of(headers: Headers) -> str | None:
     """``kw-original-topic-id``: None when absent, ``HeaderError`` when not a topic id."""
-    text = text_of(headers, ORIGINAL_TOPIC_ID)
+    return _topic_id(text_of(headers, ORIGINAL_TOPIC_ID))
+
+
+def _topic_id(text: str | None) -> str | None:
     if text is not None and not _TOPIC_ID.fullmatch(text):
         raise HeaderError(ORIGINAL_TOPIC_ID, "expected a Kafka topic id (22 characters of "
                           "URL-safe base64)", text.encode())
@@ -236,26 +244,35 @@ def topic_id_of(headers: Headers) -> str | None:
 
 
 def failure_of(headers: Headers) -> FailureInfo | None:
-    """The failure a retry or DLQ record carries; None for a record that never failed."""
-    topic = text_of(headers, ORIGINAL_TOPIC)
+    """The failure a retry or DLQ record carries; None for a record that never failed.
+
+    Read through a dict of the headers (the last value of a name wins, as in ``last_value``):
+    a tier record carries a dozen, and a scan per field was most of a retry loop's check
+    (14 scans of 13 headers, 10 us of a 15 us check)."""
+    last = dict(headers)
+    topic = _text(last.get(ORIGINAL_TOPIC), ORIGINAL_TOPIC)
     if topic is None:
         return None
     if not is_legal_topic(topic):  # we only ever write a topic we read from
         raise HeaderError(ORIGINAL_TOPIC, "not a legal topic name", topic.encode())
-    _need(last_value(headers, ATTEMPT), ATTEMPT)  # absent means 1 elsewhere, not here
+    attempt = _need(last.get(ATTEMPT), ATTEMPT)  # absent means 1 elsewhere, not here
     return FailureInfo(
         original_topic=topic,
-        original_partition=_need(_int(headers, ORIGINAL_PARTITION, minimum=0), ORIGINAL_PARTITION),
-        original_offset=_need(_int(headers, ORIGINAL_OFFSET, minimum=0), ORIGINAL_OFFSET),
-        original_timestamp_ms=_int(headers, ORIGINAL_TIMESTAMP, minimum=0),
-        group=_need(text_of(headers, GROUP), GROUP),
-        attempt=attempt_of(headers),
-        first_failure_at=_need(_time(headers, FIRST_FAILURE_AT), FIRST_FAILURE_AT),
-        last_failure_at=_need(_time(headers, LAST_FAILURE_AT), LAST_FAILURE_AT),
-        error_type=_need(text_of(headers, ERROR_TYPE), ERROR_TYPE),
-        error_message=_need(text_of(headers, ERROR_MESSAGE), ERROR_MESSAGE),
-        due_at=due_at_of(headers),
-        original_topic_id=topic_id_of(headers),
+        original_partition=_need(_int(last.get(ORIGINAL_PARTITION), ORIGINAL_PARTITION,
+                                      minimum=0), ORIGINAL_PARTITION),
+        original_offset=_need(_int(last.get(ORIGINAL_OFFSET), ORIGINAL_OFFSET, minimum=0),
+                              ORIGINAL_OFFSET),
+        original_timestamp_ms=_int(last.get(ORIGINAL_TIMESTAMP), ORIGINAL_TIMESTAMP, minimum=0),
+        group=_need(_text(last.get(GROUP), GROUP), GROUP),
+        attempt=_parse_int(ATTEMPT, attempt, minimum=1),
+        first_failure_at=_need(_time(last.get(FIRST_FAILURE_AT), FIRST_FAILURE_AT),
+                               FIRST_FAILURE_AT),
+        last_failure_at=_need(_time(last.get(LAST_FAILURE_AT), LAST_FAILURE_AT),
+                              LAST_FAILURE_AT),
+        error_type=_need(_text(last.get(ERROR_TYPE), ERROR_TYPE), ERROR_TYPE),
+        error_message=_need(_text(last.get(ERROR_MESSAGE), ERROR_MESSAGE), ERROR_MESSAGE),
+        due_at=_time(last.get(DUE_AT), DUE_AT),
+        original_topic_id=_topic_id(_text(last.get(ORIGINAL_TOPIC_ID), ORIGINAL_TOPIC_ID)),
     )
 
 

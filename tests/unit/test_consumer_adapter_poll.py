@@ -92,3 +92,18 @@ def test_no_timeout_never_waits() -> None:
     assert _adapter(client).poll_batch(500, 0.0) == []
     assert client.calls == [(500, 0)]
 
+
+
+def test_client_headers_become_kworkers_pairs_null_values_empty() -> None:
+    """``headers_of``: the client's list taken whole when every value is bytes (its fast path);
+    a null value (None) becomes b"" and a str value its UTF-8, in order, repeats kept, both
+    through the per-header path the fast path must agree with."""
+    from kworkers.kafka.consumer import headers_of
+
+    plain = [("kw-attempt", b"2"), ("a", b""), ("kw-attempt", b"3")]
+    assert headers_of(plain) == (("kw-attempt", b"2"), ("a", b""), ("kw-attempt", b"3"))
+    assert headers_of([("a", None), ("b", b"x")]) == (("a", b""), ("b", b"x"))
+    assert headers_of([("b", b"x"), ("a", None)]) == (("b", b"x"), ("a", b""))
+    assert headers_of([("a", "é")]) == (("a", "é".encode()),)
+    assert headers_of({"a": None}) == (("a", b""),)
+    assert headers_of([]) == ()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kworkers.errors import DecodeError, failure_type, is_non_retryable
 from kworkers.message import Headers, Message
@@ -342,3 +345,34 @@ def test_redrive_of_a_redriven_record_names_only_the_latest_dead_letter() -> Non
         ("kw-attempt", b"1"),
         ("kw-redrive-of", b"o.dlq/0/1"),
     )
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=22),
+    st.integers(min_value=-(2**64), max_value=2**64).map(lambda n: b"%d" % n),
+    st.sampled_from([b"999999999999999999", b"1000000000000000000", b"9223372036854775807",
+                     b"9223372036854775808", b"-9223372036854775808", b"0" * 19, b"0" * 20,
+                     "٣".encode(), b"\xb2", b"00012"]),
+))
+def test_an_integer_header_parses_exactly_as_the_strict_rule_says(raw: bytes) -> None:
+    """The fast path (ASCII digits, at most 18 of them) and the strict one must agree: a
+    decimal integer of at most 19 digits with an optional minus, in the int64 range, at least
+    the minimum; everything else is a HeaderError naming the header."""
+    strict = re.fullmatch(rb"-?[0-9]{1,19}", raw) is not None
+    n = int(raw) if strict else None
+    in_range = n is not None and -(2**63) <= n <= 2**63 - 1
+    try:
+        got = attempt_of((("kw-attempt", raw),))
+    except HeaderError as exc:
+        assert "kw-attempt" in str(exc)
+        assert not (in_range and n is not None and n >= 1)
+    else:
+        assert in_range and got == n and got >= 1
+    try:
+        due = due_at_of((("kw-due-at", raw),))
+    except HeaderError as exc:
+        assert "kw-due-at" in str(exc)
+        assert not (in_range and n is not None and 0 <= n <= 253_402_300_799_999)
+    else:
+        assert in_range and n is not None and due == n / 1000
