@@ -33,6 +33,7 @@ import heapq
 import itertools
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
@@ -156,6 +157,8 @@ class HandOffStep:
         self._retries: list[tuple[float, int, _Pending]] = []
         self._seq = itertools.count()
         self._after: SimpleQueue[list[Callable[[], None]]] | None = None
+        #: acknowledged hand-offs the poll thread has not taken yet (``acknowledged``)
+        self._acks: deque[_Pending] = deque()
 
     # ------------------------------------------------------------------ runner side
 
@@ -234,7 +237,8 @@ class HandOffStep:
             self._refused(p, err)
 
     def _delivered(self, p: _Pending, err: BaseException | None) -> None:
-        """The delivery report, on the sender's thread: ok completes the offset."""
+        """The delivery report, on the sender's thread: an acknowledged hand-off waits for the
+        poll thread (``acknowledged``), which completes its offset."""
         if err is not None:
             self._refused(p, err)
             return
@@ -244,18 +248,48 @@ class HandOffStep:
             return
         if isinstance(plan, Output):
             raise AssertionError("an output is always sent for a record")
-        if plan.destination == "retry":
-            counters, retried, dead = self._m_retries, 1, 0
-            family = self.metrics.retries
+        acks = self._acks
+        acks.append(p)
+        if len(acks) == 1:  # the first since the poll thread took them: wake it (no offsets)
+            self.completions.put((p.ps, [], 0, 0, 0.0, 0))
+        self._release(p)  # after the append: a partition not busy has its acks queued
+
+    def acknowledged(self) -> list[Completion]:
+        """From the poll thread: the hand-offs acknowledged since it last asked, one
+        completion per partition and one update per tier's counter. A storm's delivery
+        reports come in bursts of hundreds; a completion and a counter update each (a lock)
+        on the producer's thread cost more than the rest of the report's Python."""
+        acks = self._acks
+        done: dict[Partition, tuple[list[int], list[int]]] = {}
+        counts: dict[tuple[str, str], int] = {}
+        try:
+            while True:
+                p = acks.popleft()
+                plan = p.plan
+                assert not isinstance(plan, Output)  # an output's record completes per record
+                entry = done.get(p.ps)
+                if entry is None:
+                    entry = done[p.ps] = ([], [0, 0])
+                entry[0].append(p.msg.offset)
+                entry[1][0 if plan.destination == "retry" else 1] += 1
+                what = (plan.destination, plan.label)
+                counts[what] = counts.get(what, 0) + 1
+        except IndexError:
+            pass
+        for (destination, label), n in counts.items():
+            self._counter(destination, label).inc(n)
+        return [(ps, offsets, n[0], n[1], 0.0, 0) for ps, (offsets, n) in done.items()]
+
+    def _counter(self, destination: str, label: str) -> Any:
+        """The labelled counter of a tier (retries) or an error type (dead letters)."""
+        if destination == "retry":
+            counters, family = self._m_retries, self.metrics.retries
         else:
-            counters, retried, dead = self._m_dead, 0, 1
-            family = self.metrics.dead_letters
-        counter = counters.get(plan.label)
+            counters, family = self._m_dead, self.metrics.dead_letters
+        counter = counters.get(label)
         if counter is None:
-            counter = counters[plan.label] = family.labels(self.group, plan.label)
-        counter.inc()
-        self.completions.put((p.ps, [p.msg.offset], retried, dead, 0.0, 0))
-        self._release(p)
+            counter = counters[label] = family.labels(self.group, label)
+        return counter
 
     def _output_done(self, p: _Pending, rec: _Record, dead: bool) -> None:
         if dead:

@@ -128,7 +128,8 @@ class Runner:
             while True:
                 yield q.get_nowait()
         except Empty:
-            return
+            pass
+        yield from self.hand_offs.acknowledged()
 
     def steps(self, lane: Lane, batch: list[Item], inc: int,
               timed_out: TimedOut | None) -> Steps:

@@ -144,6 +144,10 @@ class HandOffs(Protocol):
     def tick(self) -> None:
         """Called by the poll loop every step (retries due, summaries)."""
         ...
+    def acknowledged(self) -> list[Completion]:
+        """From the poll thread, with the completion queue's: hand-offs acknowledged since it
+        last asked, taken in bulk (the step posts an empty completion to wake the thread)."""
+        ...
 
 
 class Job(Protocol):

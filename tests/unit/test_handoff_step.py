@@ -54,10 +54,16 @@ def _msg(offset: int, topic: str = "orders", attempt: int = 1) -> Message:
     return Message(topic, 0, offset, b"k", b"v", (), None, attempt)
 
 
-def _drain(q: SimpleQueue[Completion]) -> list[tuple[list[int], int, int]]:
+def _drain(q: SimpleQueue[Completion], step: HandOffStep | None = None
+           ) -> list[tuple[list[int], int, int]]:
+    """What the poll thread takes: the queue (its wake-ups, empty, left out), then the
+    hand-offs acknowledged since (``acknowledged``)."""
     out = []
     while not q.empty():
         _ps, offsets, retried, dead, _t, _calls = q.get_nowait()
+        if offsets:
+            out.append((offsets, retried, dead))
+    for _ps, offsets, retried, dead, _t, _calls in step.acknowledged() if step else ():
         out.append((offsets, retried, dead))
     return out
 
@@ -67,12 +73,13 @@ def test_pipelined_offsets_complete_on_acknowledgement_in_any_order() -> None:
     ps = PartitionState("orders", 0)
     for o in range(3):
         assert step.submit(ps, _msg(o), ValueError("down"))
-    assert len(sender.sent) == 3 and _drain(done) == []  # none waited for, none complete
+    assert len(sender.sent) == 3 and _drain(done, step) == []  # none waited for, none complete
     assert ps.handoffs == 3 and ps.busy()
     sender.sent[2][1].set_result(None)
     sender.sent[0][1].set_result(None)
-    assert _drain(done) == [([2], 1, 0), ([0], 1, 0)]
-    assert ps.handoffs == 1
+    assert ps.handoffs == 1  # room is released at the acknowledgement itself
+    assert _drain(done, step) == [([2, 0], 2, 0)]  # one completion for the partition
+    assert _drain(done, step) == []  # taken once
 
 
 def test_a_transient_refusal_is_retried_in_place_and_holds_the_offset() -> None:
@@ -80,14 +87,14 @@ def test_a_transient_refusal_is_retried_in_place_and_holds_the_offset() -> None:
     ps = PartitionState("orders", 0)
     step.submit(ps, _msg(0), ValueError("down"))
     sender.sent[0][1].set_exception(Refused("transient"))
-    assert _drain(done) == [] and metrics.handoff_blocked.labels("g")._value.get() == 1
+    assert _drain(done, step) == [] and metrics.handoff_blocked.labels("g")._value.get() == 1
     step.tick()
     assert len(sender.sent) == 1  # not yet: it waits before retrying
     clock.advance(0.1)
     step.tick()
     assert [t for t, _ in sender.sent] == ["orders.retry.1s"] * 2
     sender.sent[1][1].set_result(None)
-    assert _drain(done) == [([0], 1, 0)]
+    assert _drain(done, step) == [([0], 1, 0)]
     assert metrics.handoff_blocked.labels("g")._value.get() == 0
 
 
@@ -99,7 +106,7 @@ def test_a_permanent_refusal_sends_the_record_to_its_own_dlq_with_the_reason() -
     step.tick()
     assert sender.sent[-1][0] == "orders.dlq"
     sender.sent[-1][1].set_result(None)
-    assert _drain(done) == [([0], 0, 1)]
+    assert _drain(done, step) == [([0], 0, 1)]
 
 
 def test_a_missing_destination_counts_as_gone_after_a_few_tries() -> None:
@@ -122,7 +129,7 @@ def test_a_dlq_that_refuses_for_good_makes_the_worker_unhealthy_and_keeps_the_re
     clock.advance(1)
     step.tick()
     assert [t for t, _ in sender.sent] == ["orders.dlq", "orders.dlq"]  # still retried
-    assert _drain(done) == []  # never completed: never committed past
+    assert _drain(done, step) == []  # never completed: never committed past
 
 
 def test_a_revoked_partition_abandons_its_hand_offs() -> None:
@@ -134,7 +141,7 @@ def test_a_revoked_partition_abandons_its_hand_offs() -> None:
     sender.sent[0][1].set_exception(Refused("transient"))
     clock.advance(10)
     step.tick()
-    assert len(sender.sent) == 1 and ps.handoffs == 0 and _drain(done) == []
+    assert len(sender.sent) == 1 and ps.handoffs == 0 and _drain(done, step) == []
 
 
 def test_a_record_the_router_cannot_place_goes_to_the_dlq_of_the_consumed_topic() -> None:

@@ -40,6 +40,9 @@ class _HandOffs:
     def tick(self) -> None:
         pass
 
+    def acknowledged(self) -> list[object]:
+        return []
+
 
 def _runner(timeout: float | None = None, breaker: Breaker | None = None) -> Runner:
     return Runner(lambda m: None, lambda h, m: h(m), _HandOffs(), _NoRuntime(), FakeClock(),

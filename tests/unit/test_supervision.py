@@ -101,6 +101,9 @@ class _NoHandOffs:
     def tick(self) -> None:
         pass
 
+    def acknowledged(self) -> list[object]:
+        return []
+
 
 @pytest.mark.parametrize("capacity,batch", [(100, 50), (10, 500)])
 def test_the_timer_heap_stays_within_its_bound_and_the_rest_waits_in_kafka(
