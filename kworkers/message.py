@@ -59,3 +59,12 @@ class Message(NamedTuple):
     def header_str(self, name: str) -> str | None:
         raw = self.header(name)
         return None if raw is None else raw.decode("utf-8", "replace")
+
+
+_ATTEMPT = Message._fields.index("attempt")
+
+
+def with_attempt(msg: Message, attempt: int) -> Message:
+    """``msg`` as attempt ``attempt``: what the retry loop makes of every tier record it reads
+    (``_replace`` is Python code: 1.3 us a record, this 0.5)."""
+    return tuple.__new__(Message, (*msg[:_ATTEMPT], attempt, *msg[_ATTEMPT + 1:]))

@@ -191,8 +191,12 @@ class Processor:
             msgs = []
             timeout = max(0.0, min(timeout, hold_since + HOLD_S - self.clock.monotonic()))
         else:
+            room = backpressure.least_room(
+                self.limits.share(len(parts)),
+                (ps.tracker.window for ps in parts.values() if not ps.paused and not ps.held))
             msgs = self.consumer.poll_batch(
-                backpressure.poll_size(self.limits, self._held, self.settings.consume_batch),
+                backpressure.poll_size(self.limits, self._held, self.settings.consume_batch,
+                                       room),
                 0.0 if idle_wait else timeout)
         self.ready.set()
         if msgs:

@@ -31,7 +31,7 @@ from typing import Protocol
 from kworkers.clock import Clock
 from kworkers.consumer.partition import Item, PartitionState, Poisoned
 from kworkers.consumer.ports import TP
-from kworkers.message import Message
+from kworkers.message import Message, with_attempt
 from kworkers.retry_tiers.delay import DelayBuffer
 from kworkers.retry_tiers.headers import due_at_of
 from kworkers.retry_tiers.tier_record import CorruptTierRecord
@@ -109,7 +109,7 @@ class TierGate:
             ps.progress_at = self.clock.monotonic()
             self.skipped += 1
             return None
-        m = m._replace(attempt=info.attempt)
+        m = with_attempt(m, info.attempt)
         due = info.due_at
         if due is not None and due > now:
             self.buffer.push(due, (ps, m))

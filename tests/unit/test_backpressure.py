@@ -9,7 +9,14 @@ from collections.abc import Set
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kworkers.consumer.backpressure import Limits, Load, PartitionLoad, decide, poll_size
+from kworkers.consumer.backpressure import (
+    Limits,
+    Load,
+    PartitionLoad,
+    decide,
+    least_room,
+    poll_size,
+)
 
 LIMITS = Limits(max_in_flight=100, per_partition=40)
 
@@ -84,19 +91,27 @@ def test_never_pauses_and_resumes_one_partition_at_once(
 
 def _simulate(limits: Limits, n: int, batch: int, steps: int, seed: int,
               clamp: bool = True, holds: bool = True, poll_held: bool = False,
-              complete_p: float = 0.3, wants_p: float = 0.5, hold_p: float = 0.8) -> int:
+              complete_p: float = 0.3, wants_p: float = 0.5, hold_p: float = 0.8,
+              room: str = "least") -> int:
     """The poll loop's admission with adversarial fetches: each poll's records go to one
     unpaused partition (librdkafka hands out a partition's fetched run together), random
     completions between polls, holds allowed at random (``holds``) with random answers to
-    whether a partition wants records. Returns the most records ever held."""
+    whether a partition wants records. Past the global bound a poll takes the least room of
+    an open partition (``room="least"``, the loop's rule), one record (``"one"``, the rule
+    before it) or, the canary, the most room of any (``"most"``). Returns the most records
+    ever held."""
     rnd = random.Random(seed)
     held = [0] * n
     paused = [False] * n
     hold = [False] * n
     peak = 0
     for _ in range(steps):
-        k = poll_size(limits, sum(held), batch) if clamp else batch
         open_ = [i for i in range(n) if not paused[i]]
+        share = limits.share(n)
+        rooms = [share - held[i] for i in open_ if not hold[i]]
+        r = (least_room(share, [held[i] for i in open_ if not hold[i]]) if room == "least"
+             else max(rooms, default=1) if room == "most" else 1)
+        k = poll_size(limits, sum(held), batch, r) if clamp else batch
         if open_ and (poll_held or not any(hold)):  # a hold: the loop polls nothing
             while k > 0:
                 i = rnd.choice(open_)
@@ -136,6 +151,38 @@ def test_without_the_poll_size_the_bound_does_not_hold() -> None:
     peaks = [_simulate(limits, 40, 500, 300, seed, clamp=False) for seed in range(5)]
     assert max(peaks) > 2000 + max(2000, 40), peaks
     assert all(_simulate(limits, 40, 500, 300, s) <= 4000 for s in range(5))
+
+
+def _past_bound_crosses_a_share(n: int, bound: int, batch: int, seed: int, rule: str) -> bool:
+    """Loads past the global bound: whether the poll the rule allows could carry an open
+    partition below its share past it (all of a poll's records may go to one partition)."""
+    rnd = random.Random(seed)
+    limits = Limits(bound, per_partition=bound)
+    share = limits.share(n)
+    held = [rnd.randint(0, 2 * share) for _ in range(n)]
+    if sum(held) < bound:
+        held[0] += bound - sum(held)
+    open_ = [h for h in held if h < share and rnd.random() < 0.7]  # the rest paused or held
+    room = (least_room(share, open_) if rule == "least"
+            else max((share - h for h in open_), default=1))
+    k = poll_size(limits, sum(held), batch, room)
+    return any(h + k > share for h in open_) and k > 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.integers(20, 2000), st.integers(1, 500), st.integers(0, 10**6))
+def test_past_the_bound_a_poll_never_carries_an_open_partition_past_its_share(
+        n: int, bound: int, batch: int, seed: int) -> None:
+    """What the bound's proof needs of a poll taken at or past the global bound: it makes no
+    overshoot. The least room of the open partitions (not one record a step) keeps that."""
+    assert not _past_bound_crosses_a_share(n, bound, batch, seed, "least")
+
+
+def test_canary_the_most_room_of_any_partition_would_cross_a_share() -> None:
+    """The check above, failing on the rule it guards against: a poll sized by the roomiest
+    open partition can land on a fuller one."""
+    assert any(_past_bound_crosses_a_share(n, 400, 500, seed, "most")
+               for n in (3, 8, 20) for seed in range(50))
 
 
 def test_canary_a_loop_that_polls_while_it_holds_breaks_the_bound() -> None:

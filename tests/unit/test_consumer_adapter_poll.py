@@ -107,3 +107,13 @@ def test_client_headers_become_kworkers_pairs_null_values_empty() -> None:
     assert headers_of([("a", "é")]) == (("a", "é".encode()),)
     assert headers_of({"a": None}) == (("a", b""),)
     assert headers_of([]) == ()
+
+
+def test_a_record_as_another_attempt_keeps_every_other_field() -> None:
+    """``with_attempt`` (the retry loop's, for every tier record) equals ``_replace``."""
+    from kworkers.message import Message, with_attempt
+
+    m = Message("t", 3, 7, b"k", b"v", (("h", b"1"),), 12, 1, b"rk", b"rv", True)
+    got = with_attempt(m, 4)
+    assert got == m._replace(attempt=4) and type(got) is Message and got.attempt == 4
+    assert got.decoded is True and got.raw_value == b"rv" and m.attempt == 1
