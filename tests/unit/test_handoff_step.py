@@ -181,3 +181,22 @@ def test_what_a_refused_produce_means(code: str, kind: str) -> None:
 
     assert classify_send_error(KafkaException(KafkaError(getattr(KafkaError, code)))) == kind
     assert classify_send_error(RuntimeError("not a Kafka error")) == "transient"
+
+
+def test_the_first_acknowledgement_of_a_burst_wakes_the_poll_thread_once() -> None:
+    """The poll thread may be blocked on the completion queue (its idle wait): the first
+    acknowledgement since it last took them puts one empty completion there, the rest of the
+    burst none; once taken, the next acknowledgement wakes it again. Without the wake-up an
+    idle loop would apply a storm's acknowledgements only at the end of its wait."""
+    step, sender, done, _sup, _clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    for o in range(4):
+        step.submit(ps, _msg(o), ValueError("down"))
+    sender.sent[0][1].set_result(None)
+    sender.sent[1][1].set_result(None)
+    assert done.qsize() == 1
+    assert done.get_nowait() == (ps, [], 0, 0, 0.0, 0)
+    assert [c[1] for c in step.acknowledged()] == [[0, 1]]
+    sender.sent[3][1].set_result(None)
+    assert done.qsize() == 1 and done.get_nowait()[1] == []
+    assert [c[1] for c in step.acknowledged()] == [[3]] and step.acknowledged() == []
