@@ -260,6 +260,8 @@ class HandOffStep:
         reports come in bursts of hundreds; a completion and a counter update each (a lock)
         on the producer's thread cost more than the rest of the report's Python."""
         acks = self._acks
+        if not acks:  # every step of every loop asks; most have nothing
+            return []
         done: dict[Partition, tuple[list[int], list[int]]] = {}
         counts: dict[tuple[str, str], int] = {}
         try:

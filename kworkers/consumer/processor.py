@@ -191,12 +191,13 @@ class Processor:
             msgs = []
             timeout = max(0.0, min(timeout, hold_since + HOLD_S - self.clock.monotonic()))
         else:
-            room = backpressure.least_room(
+            batch = self.settings.consume_batch
+            # the least room matters only where the bound leaves less than a batch
+            room = 1 if self.limits.bound() - self._held >= batch else backpressure.least_room(
                 self.limits.share(len(parts)),
                 (ps.tracker.window for ps in parts.values() if not ps.paused and not ps.held))
             msgs = self.consumer.poll_batch(
-                backpressure.poll_size(self.limits, self._held, self.settings.consume_batch,
-                                       room),
+                backpressure.poll_size(self.limits, self._held, batch, room),
                 0.0 if idle_wait else timeout)
         self.ready.set()
         if msgs:
