@@ -357,17 +357,28 @@ class ActivityInvoker:
         return self._last_async
 
     def __call__(self, handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
-        keys = bound()  # the worker's, read here: a coroutine below runs after this returns
+        # the worker's keys, read here: a coroutine below runs after this returns
+        return self.call_with(handler, msg, bound())
+
+    def call_with(self, handler: Callable[..., Any], msg: Message | list[Message],
+                  keys: RecordKeys | None) -> Any:
+        """The call, for the worker whose records ``keys`` keys: what ``KeyedInvoke`` calls
+        directly when it wraps this invoker itself (a context variable set and reset around
+        every record cost a no-op handler's call half its CPU); through any other wrapper the
+        keys travel in the context variable ``__call__`` reads."""
+        if self._plain and not isinstance(msg, list):
+            # No store, no codec: only the context (the key is worked out when asked for).
+            # The most frequent call of all (a plain record handler), so the handler's kind
+            # is tested inline rather than through ``_is_async``.
+            if ((handler is not self._last_handler or self._last_async)
+                    and self._is_async(handler)):
+                return self._call_plain_async(handler, msg, keys)
+            _current.set((msg, self, keys))
+            return handler(msg)
         if isinstance(msg, list):
             if self._is_async(handler):
                 return self._call_batch_async(handler, msg, keys)
             return self._call_batch(handler, msg, keys)
-        if self._plain:
-            # No store, no codec: only the context (the key is worked out when asked for).
-            if self._is_async(handler):
-                return self._call_plain_async(handler, msg, keys)
-            _current.set((msg, self, keys))
-            return handler(msg)
         if self._is_async(handler):
             return self._call_async(handler, msg, keys)
         key, t = self._prepare(msg, keys)

@@ -266,9 +266,9 @@ _bound: contextvars.ContextVar[RecordKeys | None] = contextvars.ContextVar(
     "kworkers_record_keys", default=None)
 
 
-def bound() -> RecordKeys | None:
-    """The keys of the worker whose handler is running here (None outside a worker)."""
-    return _bound.get()
+#: the keys of the worker whose handler is running here (None outside a worker); the context
+#: variable's own reader, read once per handler call (a Python function around it cost a frame)
+bound: Callable[[], RecordKeys | None] = _bound.get
 
 
 class KeyedInvoke:
@@ -279,8 +279,14 @@ class KeyedInvoke:
     def __init__(self, inner: Invoker, keys: RecordKeys) -> None:
         self.inner = inner
         self.keys = keys
+        # the worker's own invoker, unwrapped (the usual case): the keys are handed to it
+        # directly; anything else (tracing, a test's instrument) reads them from the context
+        from kworkers.activity import ActivityInvoker  # activity imports this module
+        self._direct = inner.call_with if type(inner) is ActivityInvoker else None
 
     def __call__(self, handler: Handler, msg: Records) -> Any:
+        if self._direct is not None:
+            return self._direct(handler, msg, self.keys)
         token = _bound.set(self.keys)
         try:
             result = self.inner(handler, msg)

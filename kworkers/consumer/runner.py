@@ -241,7 +241,7 @@ class Runner:
                 elif not (yield HandOffRequest(msg, err)):
                     stopped = True
                     break
-                if contended() and now() - t_pass >= QUANTUM_S and i + 1 < len(batch):
+                if now() - t_pass >= QUANTUM_S and i + 1 < len(batch) and contended():
                     rest = batch[i + 1:]  # others wait for a thread: give this one up
                     break
             if watched and lane.incarnation != inc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from kworkers.record_key import (
     KeyedInvoke,
     RecordKeys,
     TopicIds,
+    bound,
     origin_key,
 )
 from kworkers.retry_tiers.headers import (
@@ -246,6 +248,39 @@ def test_an_async_handler_behind_tracing_gets_the_same_key() -> None:
     invoke = KeyedInvoke(TracedInvoke(inner=ActivityInvoker(), auto=False), keys)
     asyncio.run(invoke(handler, _msg(41)))
     assert seen == [f"orders@{OLD_ID}/2/41"]
+
+
+def test_the_direct_and_the_wrapped_ways_give_the_same_keys() -> None:
+    """``KeyedInvoke`` hands the keys to the worker's own invoker directly and to anything
+    else through the context: a sync, an async and a batch handler see the same keys both
+    ways, and nothing stays bound after a call."""
+    keys = Cluster().keys()
+
+    def run(invoke: Any) -> list[str]:
+        seen: list[str] = []
+
+        def handler(msg: Message) -> None:
+            seen.append(activity.idempotency_key())
+
+        async def async_handler(msg: Message) -> None:
+            seen.append(activity.idempotency_key())
+
+        def batch(msgs: list[Message]) -> None:
+            seen.extend(activity.key_of(m) for m in msgs)
+
+        invoke(handler, _msg(41))
+        asyncio.run(invoke(async_handler, _msg(42)))
+        invoke(batch, [_msg(43)])
+        assert bound() is None
+        return seen
+
+    inner = ActivityInvoker()
+    direct = KeyedInvoke(inner, keys)
+    wrapped = KeyedInvoke(lambda h, m: inner(h, m), keys)
+    assert direct._direct is not None and wrapped._direct is None
+    want = [f"orders@{OLD_ID}/2/{o}" for o in (41, 42, 43)]
+    assert run(direct) == want
+    assert run(wrapped) == want
 
 
 class _TrustingKeys(RecordKeys):
