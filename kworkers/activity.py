@@ -358,14 +358,13 @@ class ActivityInvoker:
 
     def __call__(self, handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
         # the worker's keys, read here: a coroutine below runs after this returns
-        return self.call_with(handler, msg, bound())
+        return self.call_with(bound(), handler, msg)
 
-    def call_with(self, handler: Callable[..., Any], msg: Message | list[Message],
-                  keys: RecordKeys | None) -> Any:
-        """The call, for the worker whose records ``keys`` keys: what ``KeyedInvoke`` calls
-        directly when it wraps this invoker itself (a context variable set and reset around
-        every record cost a no-op handler's call half its CPU); through any other wrapper the
-        keys travel in the context variable ``__call__`` reads."""
+    def call_with(self, keys: RecordKeys | None, handler: Callable[..., Any],
+                  msg: Message | list[Message]) -> Any:
+        """The call, for the worker whose records ``keys`` keys: what the worker calls
+        directly when this invoker is its own, unwrapped (``record_key.keyed``); through any
+        other wrapper the keys travel in the context variable ``__call__`` reads."""
         if self._plain and not isinstance(msg, list):
             # No store, no codec: only the context (the key is worked out when asked for).
             # The most frequent call of all (a plain record handler), so the handler's kind

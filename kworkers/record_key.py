@@ -34,6 +34,7 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kworkers.message import Message
@@ -271,6 +272,18 @@ _bound: contextvars.ContextVar[RecordKeys | None] = contextvars.ContextVar(
 bound: Callable[[], RecordKeys | None] = _bound.get
 
 
+def keyed(inner: Invoker, keys: RecordKeys) -> Invoker:
+    """``inner``, keying records by ``keys``. The worker's own invoker, unwrapped (the usual
+    case), is given them as an argument: a context variable set and reset around every record
+    cost a no-op handler's call half its CPU. Any other (tracing, a test's instrument) is
+    wrapped in ``KeyedInvoke``, so whatever it wraps finds them in the context."""
+    from kworkers.activity import ActivityInvoker  # activity imports this module
+
+    if type(inner) is ActivityInvoker:
+        return partial(inner.call_with, keys)
+    return KeyedInvoke(inner, keys)
+
+
 class KeyedInvoke:
     """An ``Invoker`` that makes ``keys`` the bound ones while ``inner`` runs a handler (for
     an async handler, while its coroutine runs), so every invoker inside, however wrapped
@@ -279,14 +292,8 @@ class KeyedInvoke:
     def __init__(self, inner: Invoker, keys: RecordKeys) -> None:
         self.inner = inner
         self.keys = keys
-        # the worker's own invoker, unwrapped (the usual case): the keys are handed to it
-        # directly; anything else (tracing, a test's instrument) reads them from the context
-        from kworkers.activity import ActivityInvoker  # activity imports this module
-        self._direct = inner.call_with if type(inner) is ActivityInvoker else None
 
     def __call__(self, handler: Handler, msg: Records) -> Any:
-        if self._direct is not None:
-            return self._direct(handler, msg, self.keys)
         token = _bound.set(self.keys)
         try:
             result = self.inner(handler, msg)

@@ -61,7 +61,7 @@ from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
 from kworkers.pace.bucket import BucketStore
 from kworkers.pace.pacer import Pacer
-from kworkers.record_key import KeyedInvoke, RecordKeys
+from kworkers.record_key import RecordKeys, keyed
 from kworkers.retry_tiers.policy import JitterSource
 from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.routing import is_retryable
@@ -136,7 +136,7 @@ class Assembly:
         self.pacer = pacer(parts)
         #: the keys of records without ids, bound around every handler call
         self.keys = RecordKeys.for_cluster(cfg.client)
-        self.invoke = KeyedInvoke(parts.invoke, self.keys)
+        self.invoke = keyed(parts.invoke, self.keys)
         self._session_s: float | None = None
         self.main = self._main_loop()
         self.tier = self._tier_loop()

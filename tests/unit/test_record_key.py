@@ -24,6 +24,7 @@ from kworkers.record_key import (
     RecordKeys,
     TopicIds,
     bound,
+    keyed,
     origin_key,
 )
 from kworkers.retry_tiers.headers import (
@@ -251,9 +252,9 @@ def test_an_async_handler_behind_tracing_gets_the_same_key() -> None:
 
 
 def test_the_direct_and_the_wrapped_ways_give_the_same_keys() -> None:
-    """``KeyedInvoke`` hands the keys to the worker's own invoker directly and to anything
-    else through the context: a sync, an async and a batch handler see the same keys both
-    ways, and nothing stays bound after a call."""
+    """``keyed`` hands the keys to the worker's own invoker directly and to anything else
+    through the context (``KeyedInvoke``): a sync, an async and a batch handler see the same
+    keys both ways, and nothing stays bound after a call."""
     keys = Cluster().keys()
 
     def run(invoke: Any) -> list[str]:
@@ -275,9 +276,9 @@ def test_the_direct_and_the_wrapped_ways_give_the_same_keys() -> None:
         return seen
 
     inner = ActivityInvoker()
-    direct = KeyedInvoke(inner, keys)
-    wrapped = KeyedInvoke(lambda h, m: inner(h, m), keys)
-    assert direct._direct is not None and wrapped._direct is None
+    direct = keyed(inner, keys)
+    wrapped = keyed(lambda h, m: inner(h, m), keys)
+    assert not isinstance(direct, KeyedInvoke) and isinstance(wrapped, KeyedInvoke)
     want = [f"orders@{OLD_ID}/2/{o}" for o in (41, 42, 43)]
     assert run(direct) == want
     assert run(wrapped) == want
