@@ -5,11 +5,14 @@ The handler's whole work is ``meter.hit()``, as on every other side. The read-ah
 through the public ``consumer_config``; ``options.commit`` picks the commit policy
 (``default`` or ``never``, for the commits benchmark); ``options.rate_limit`` a rate limit (the
 pace benchmark); ``options.holds`` False switches backpressure's hold off (the hot benchmark's
-control).
+control); ``options.gc`` is what an application may do with the interpreter's garbage collector
+before it runs the worker (``{"threshold": [700, 10, 10], "freeze": true}``: ``gc.set_threshold``,
+``gc.freeze`` once the worker is built), the throughput benchmark's ``+gc`` side.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +50,12 @@ def run_worker(spec: dict[str, Any], meter: Meter,
                guarantee=options.get("guarantee", "at_least_once"), **pace, **settings)
     register(w)
     w.create_topics()  # tier and DLQ topics: set-up, before the clock starts
+    tune = options.get("gc") or {}
+    if tune.get("threshold"):
+        gc.set_threshold(*tune["threshold"])
+    if tune.get("freeze"):
+        gc.collect()
+        gc.freeze()
     extra: dict[str, Any] = {}
 
     profiler = None
