@@ -7,7 +7,8 @@ through the public ``consumer_config``; ``options.commit`` picks the commit poli
 pace benchmark); ``options.holds`` False switches backpressure's hold off (the hot benchmark's
 control); ``options.gc`` is what an application may do with the interpreter's garbage collector
 before it runs the worker (``{"threshold": [700, 10, 10], "freeze": true}``: ``gc.set_threshold``,
-``gc.freeze`` once the worker is built), the throughput benchmark's ``+gc`` side.
+``gc.freeze`` once the worker is built), the throughput benchmark's ``+gc`` side;
+``options.producer_config`` the hand-off producer's librdkafka properties.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def run_worker(spec: dict[str, Any], meter: Meter,
     w = Worker(topics=[spec["topic"]], group_id=spec["group"],
                bootstrap_servers=spec["bootstrap"],
                consumer_config=dict(spec.get("consumer_config") or {}),
+               producer_config=dict(options.get("producer_config") or {}),
                commit=POLICIES[options.get("commit", "default")], execution=execution,
                guarantee=options.get("guarantee", "at_least_once"), **pace, **settings)
     register(w)

@@ -39,6 +39,7 @@ def test_a_bare_address_gives_the_configurations_kworkers_always_used() -> None:
                 "heartbeat.interval.ms"} & set(kip848)
     assert consumer_settings("h:1", "g", overrides={"session.timeout.ms": 45_000})[
         "session.timeout.ms"] == 45_000
+    assert producer_settings("h:1")["linger.ms"] == 20  # hand-offs come in bursts
     assert producer_settings("h:1", {"linger.ms": 50}) == {
         "bootstrap.servers": "h:1", "enable.idempotence": True, "acks": "all",
         "linger.ms": 50, "delivery.timeout.ms": 30_000, "log_level": 4}
