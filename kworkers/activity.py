@@ -366,12 +366,10 @@ class ActivityInvoker:
         directly when this invoker is its own, unwrapped (``record_key.keyed``); through any
         other wrapper the keys travel in the context variable ``__call__`` reads."""
         if self._plain and not isinstance(msg, list):
-            # No store, no codec: only the context (the key is worked out when asked for).
-            # The most frequent call of all (a plain record handler), so the handler's kind
-            # is tested inline rather than through ``_is_async``.
-            if ((handler is not self._last_handler or self._last_async)
-                    and self._is_async(handler)):
-                return self._call_plain_async(handler, msg, keys)
+            # No store, no codec: only the context (the key is worked out when asked for),
+            # set here for an async handler too: its coroutine is made here and awaited by
+            # the caller in the same context (a task made for it copies this one), one
+            # coroutine per record rather than two.
             _current.set((msg, self, keys))
             return handler(msg)
         if isinstance(msg, list):
@@ -498,11 +496,6 @@ class ActivityInvoker:
         return None
 
     # ------------------------------------------------------------------ single records
-
-    async def _call_plain_async(self, handler: Callable[[Message], Any], msg: Message,
-                                keys: RecordKeys | None) -> Any:
-        _current.set((msg, self, keys))  # a task's own context: no reset needed
-        return await handler(msg)
 
     def _prepare_and_claim(self, msg: Message, keys: RecordKeys | None) -> tuple[
             str | None, ActivityTask | None, tuple[int | None, bytes | None, bool, bool]]:

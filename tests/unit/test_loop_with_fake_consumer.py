@@ -406,3 +406,53 @@ def test_a_deferred_commit_is_tried_again_when_nothing_completes_any_more() -> N
     h.stop()
     assert while_running[0][1] == "Rebalancing"
     assert ({("t", 0): 10}, "ok") in while_running
+
+
+class _SharedHolder:
+    """Canary: the activity context in one place shared by every task (not a context
+    variable), as a runtime that set it outside the record's own task would have it."""
+
+    def __init__(self) -> None:
+        self.value: object = None
+
+    def set(self, value: object) -> None:
+        self.value = value
+
+    def get(self, default: object = None) -> object:
+        return self.value
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["context", "canary-shared"])
+def test_async_handlers_interleaved_across_lanes_each_see_their_own_record(
+        shared: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The activity context of an async handler is set when its coroutine is made and read
+    after it awaited, while other lanes' handlers ran: each must still see its own record."""
+    import asyncio
+
+    from kworkers import activity
+
+    if shared:
+        monkeypatch.setattr(activity, "_current", _SharedHolder())
+    records = [Message("t", p, o, b"k", b"v", activity.id_headers(f"wf-{p}-{o}", "a"))
+               for o in range(20) for p in range(4)]
+    consumer = ScriptedConsumer(records, [])
+    seen: list[tuple[str, str]] = []
+    failed: list[BaseException] = []
+
+    async def handle(msg: Message) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)  # let the other lanes' handlers run meanwhile
+        try:
+            seen.append((f"wf-{msg.partition}-{msg.offset}/a", activity.idempotency_key()))
+        except BaseException as exc:  # the canary may find no context at all
+            failed.append(exc)
+            raise
+
+    h = _Harness(consumer, handle)  # type: ignore[arg-type]
+    _run_until(h, lambda: len(seen) + len(failed) >= len(records))
+    wrong = [(want, got) for want, got in seen if want != got]
+    if shared:
+        assert wrong or failed, "the canary's shared context went unnoticed"
+        return
+    assert not failed and len(seen) == len(records), (failed, len(seen))
+    assert not wrong, wrong[:5]
