@@ -23,7 +23,8 @@ the work began as (``Origin``):
 Keys with ids are ``"<workflow_id>/<activity_id>"`` with one ``/`` (an id may not contain one);
 these have two, so the two kinds never meet. ``RecordKeys`` is built once per worker run (it
 reads topic ids and the DLQ through ``kworkers.kafka.lookups``) and reaches the activity context
-through ``KeyedInvoke``, which the worker puts around its invoker.
+through ``keyed``: handed to the worker's own invoker with every call, or bound in a context
+variable by ``KeyedInvoke`` around any other invoker.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class Assembly:
         self.sender = sender
         self.breaker = breaker(cfg, parts.metrics, parts.clock)
         self.pacer = pacer(parts)
-        #: the keys of records without ids, bound around every handler call
+        #: the keys of records without ids, given to every handler call (``record_key.keyed``)
         self.keys = RecordKeys.for_cluster(cfg.client)
         self.invoke = keyed(parts.invoke, self.keys)
         self._session_s: float | None = None
