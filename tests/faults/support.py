@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
@@ -61,6 +62,38 @@ def kill_point_landed(point: KillPoint, completed_by: Callable[[str], int | None
         return False  # any other step is reached again by the attempt that takes over
     pid = completed_by(point.key)
     return pid is not None and pid in victims
+
+
+def fired_by(markers: Path) -> set[int]:
+    """The pids whose kill points fired (each marker holds its process's pid).
+
+    Why a kill loop waits until each is a recorded victim: the marker is written just before
+    the process kills itself, so a loop ending on the markers alone may judge before the
+    death is noticed; the checker then has one fault fewer than happened (2026-12-03: 6
+    markers, 5 deaths recorded). A marker still empty is being written: its pid comes next
+    time."""
+    pids = set()
+    for f in markers.iterdir():
+        text = f.read_text().strip()
+        if text:
+            pids.add(int(text))
+    return pids
+
+
+#: worker log lines that tell a partition's owners and the client's own warnings (connection
+#: failures while a broker restarts are left out: hundreds a second)
+_STORY = re.compile(r"--- start|assigned|revoked|lost|%[34]\||Error|exited")
+_NOISE = re.compile(r"Connect to |Connection refused|\.retry")
+
+
+def story(logs: Iterable[tuple[str, str]], limit: int = 400) -> str:
+    """What each worker's log says of its partitions and its client, for a failed run's output
+    (CI keeps no worker logs): ``logs`` are ``(name, text)`` pairs."""
+    out = []
+    for name, text in logs:
+        out += [f"{name}: {line[:240]}" for line in text.splitlines()
+                if _STORY.search(line) and not _NOISE.search(line)]
+    return "\n".join(out[-limit:])
 
 
 def beyond_the_lease_limit(duplicates: Mapping[str, int],
