@@ -67,11 +67,12 @@ def kill_point_landed(point: KillPoint, completed_by: Callable[[str], int | None
 def fired_by(markers: Path) -> set[int]:
     """The pids whose kill points fired (each marker holds its process's pid).
 
-    Why a kill loop waits until each is a recorded victim: the marker is written just before
-    the process kills itself, so a loop ending on the markers alone may judge before the
-    death is noticed; the checker then has one fault fewer than happened (2026-12-03: 6
-    markers, 5 deaths recorded). A marker still empty is being written: its pid comes next
-    time."""
+    Deaths are counted by pid, not by marker: two lanes of one process may both reach their
+    kill points before its SIGKILL lands (2026-12-03, 2 of 22 runs: 6 markers, 5 deaths, and
+    the test that counted markers failed). A kill loop also waits until each is a recorded
+    victim: the marker is written just before the process kills itself, so a loop ending on
+    the markers alone could judge before the death is noticed. A marker still empty is being
+    written: its pid comes next time."""
     pids = set()
     for f in markers.iterdir():
         text = f.read_text().strip()
