@@ -85,16 +85,16 @@ def main(mode: Mode) -> None:
     summary_table(f"eos: one output per record, {n:,} records x {VALUE_SIZE} B, {PARTITIONS} "
                   f"partitions, {rounds} run(s) each, alternated, timed from subscribe",
                   summaries.values(), "raw_eos", cmp.read_ahead)
-    figures: dict[str, object] = {
+    figures: dict[str, float | int | str] = {
         f"{label}_mps": round(s.mps) if s.ok else "n/a" for label, s in summaries.items()}
-    for (side, against, aim), key in zip(AIMS, ("ratio_alo", "ratio_quix"), strict=True):
-        a, b = summaries.get(side), summaries.get(against)
+    for (mine, against, aim), key in zip(AIMS, ("ratio_alo", "ratio_quix"), strict=True):
+        a, b = summaries.get(mine), summaries.get(against)
         if a is None or b is None or not a.ok or not b.ok:
             figures[key] = "n/a"
-            console.print(escape(f"{side}/{against}: not measured"))
+            console.print(escape(f"{mine}/{against}: not measured"))
             continue
         figures[key] = round(a.mps / b.mps, 3)
-        console.print(f"{side}/{against} = {a.mps / b.mps:.3f} (aim >= {aim})")
+        console.print(f"{mine}/{against} = {a.mps / b.mps:.3f} (aim >= {aim})")
     figures["short_commits"] = sum(s.short_commits for s in summaries.values())
     figures["records"] = n
     figures["seconds"] = round(time.monotonic() - t0)

@@ -45,7 +45,8 @@ def sides(mode: Mode, n_slow: int) -> list[Side]:
            Side("kworkers_inline", "kworkers_inline"),
            Side("kworkers_async", "kworkers_async"), Side("kworkers_batch", "kworkers_batch")]
     for peer in peer_envs.PEERS:
-        variants = [(peer.label, n_slow if peer.name == "faststream" else None, {})]
+        variants: list[tuple[str, int | None, dict[str, object]]] = [
+            (peer.label, n_slow if peer.name == "faststream" else None, {})]
         if peer.name == "faststream":
             variants.append(("faststream_batch", None, {"batch": True}))
         if mode is Mode.SMOKE:

@@ -51,6 +51,7 @@ from benchmarks.common import (
 )
 from benchmarks.method import CAP, run_child
 from kworkers import Message, Worker
+from kworkers.consumer.processor import Processor
 from kworkers.testing.workload import make_topic, unique
 
 PARTITIONS = 6
@@ -85,6 +86,15 @@ class Outcome:
     @property
     def resume(self) -> float:
         return max(self.resume_join, self.resume_leave)
+
+
+def _history(w: Worker) -> list[tuple[str, list[TP]]]:
+    """The partitioned loop's rebalance history (this benchmark never runs share mode)."""
+    if not w.loops:
+        return []
+    loop = w.loops[0]
+    assert isinstance(loop, Processor)
+    return loop.history
 
 
 def _partitions(history: list[tuple[str, list[TP]]], kind: str, topic: str) -> set[int]:
@@ -131,13 +141,13 @@ def scenario(bootstrap: str, name: str, protocol: str, extra: Mapping[str, str |
             t_join = time.monotonic()
             b = make("B")
             with running(b):
-                wait_for(lambda: bool(_partitions(b.loops[0].history, "assign", topic)), 90,
+                wait_for(lambda: bool(_partitions(_history(b), "assign", topic)), 90,
                          f"{name}: B assigned")
-                wait_for(lambda: seen("B", _partitions(b.loops[0].history, "assign", topic),
+                wait_for(lambda: seen("B", _partitions(_history(b), "assign", topic),
                                       t_join), 90, f"{name}: B handling its partitions")
                 time.sleep(dwell)
                 t_leave = time.monotonic()
-            moved = _partitions(b.loops[0].history, "assign", topic)
+            moved = _partitions(_history(b), "assign", topic)
             wait_for(lambda: seen("A", moved, t_leave), 90, f"{name}: A taking back {moved}")
             time.sleep(dwell)
             t_end = time.monotonic()
@@ -163,8 +173,8 @@ def scenario(bootstrap: str, name: str, protocol: str, extra: Mapping[str, str |
         gap_join=worst(retained, t_join, t_leave), gap_leave=worst(retained, t_leave, t_end),
         resume_join=worst(moved, t_join, t_leave), resume_leave=worst(moved, t_leave, t_end),
         duplicates=sum(c - 1 for c in values.values() if c > 1), handled=len(events),
-        a_history=list(a.loops[0].history) if a.loops else [],
-        b_history=list(b.loops[0].history) if b.loops else [])
+        a_history=list(_history(a)),
+        b_history=list(_history(b)))
 
 
 def side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def one_run(bs: str, topic: str, n: int, mode: str, slow: bool,
             broker: dict[str, str] | None) -> Run:
     probe = Probe(n, slow, broker)
     w = Worker(topics=[topic], group_id=unique(f"bench-{mode}"), bootstrap_servers=bs,
-               mode=mode, concurrency=CONCURRENCY)  # type: ignore[arg-type]
+               mode=mode, concurrency=CONCURRENCY)
     w.handler(probe.handle)
     with running(w):
         wait_for(lambda: probe.n >= n, 900, f"{n} records ({mode})", 0.02)

@@ -313,11 +313,11 @@ def faststream(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
                                       auto_offset_reset="earliest", auto_commit_interval_ms=1000,
                                       batch=batch, max_records=500 if batch else None, **fetch)
         if batch:
-            @subscribe
+            @subscribe  # type: ignore[untyped-decorator]  # faststream: its own venv
             async def handle_batch(body: list[bytes]) -> None:
                 hit_many(len(body))
         else:
-            @subscribe
+            @subscribe  # type: ignore[untyped-decorator]
             async def handle(body: bytes) -> None:
                 hit()
 

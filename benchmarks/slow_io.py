@@ -103,9 +103,11 @@ def side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
                consumer_config=dict(spec["consumer_config"]))
     w.handler(probe.handle)
     w.create_topics()
-    stopper = threading.Thread(target=lambda: (wait_for(lambda: probe.finished >= total,
-                                                        float(spec["timeout"]), "all records",
-                                                        0.05), w.stop()), daemon=True)
+    def stop_when_done() -> None:
+        wait_for(lambda: probe.finished >= total, float(spec["timeout"]), "all records", 0.05)
+        w.stop()
+
+    stopper = threading.Thread(target=stop_when_done, daemon=True)
     stopper.start()
     meter.start()
     w.run(install_signals=False)

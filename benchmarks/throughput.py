@@ -17,6 +17,7 @@ window (``/proc/self/task``): the poll loop, the handler pool, librdkafka's thre
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from benchmarks.common import (
     Mode,
@@ -27,7 +28,7 @@ from benchmarks.common import (
     result,
     table,
 )
-from benchmarks.method import Comparison, Side, Summary, summary_table
+from benchmarks.method import Comparison, Reading, Side, Summary, summary_table
 
 PARTITIONS = 6
 VALUE_SIZE = 100
@@ -38,13 +39,16 @@ SIDES = (Side("raw", "raw"), Side("raw_fields", "raw+fields"),
          Side("kworkers", "kworkers+gc", options=GC_TUNED))
 
 
+def _thread_cpu(r: Reading, group: str) -> float:
+    return float(r.extra.get("threads", {}).get(group, 0.0))
+
+
 def thread_table(kw: Summary) -> None:
     """kworkers' CPU per thread group, median over its runs."""
     groups = sorted({g for r in kw.runs for g in r.extra.get("threads", {})})
     if not groups:
         return
-    med = {g: kw.median(lambda r, g=g: r.extra.get("threads", {}).get(g, 0.0)) or 0.0
-           for g in groups}
+    med = {g: kw.median(partial(_thread_cpu, group=g)) or 0.0 for g in groups}
     secs = kw.median(lambda r: r.seconds) or 1.0
     total = sum(med.values())
     table("kworkers CPU by thread over the window (median of its runs; the main thread runs "

@@ -10,14 +10,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 from kworkers import ConfigError, Worker
 from kworkers.consumer.commit import CommitPolicy
+from kworkers.consumer.committer import Committer
 from kworkers.consumer.ports import Delivered
+from kworkers.consumer.processor import Processor
 from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
 
@@ -37,7 +40,8 @@ class Rebalancing(Exception):
 
 
 class ScriptedConsumer:
-    def __init__(self, records: list[Message], commit_script: list[type[Exception] | None],
+    def __init__(self, records: list[Message],
+                 commit_script: Sequence[type[Exception] | None],
                  group: str = "g"):
         self.group = group
         self.records = list(records)
@@ -137,7 +141,7 @@ class _Harness:
     """A worker on a scripted main consumer (the retry group gets an empty one)."""
 
     def __init__(self, consumer: ScriptedConsumer, handler: Callable[[Message], None],
-                 **cfg: object) -> None:
+                 **cfg: Any) -> None:
         self.consumer = consumer
         self.worker = Worker(
             topics=["t"], group_id="g", concurrency=2, sender=RecordingSender(),
@@ -152,7 +156,9 @@ class _Harness:
         deadline = time.monotonic() + 30
         while not self.worker.loops and time.monotonic() < deadline:
             time.sleep(0.001)
-        self.worker.loops[0].committer.waits = self.sleeps  # waits in loop time, not sleeps
+        loop = self.worker.loops[0]
+        assert isinstance(loop, Processor) and isinstance(loop.committer, Committer)
+        loop.committer.waits = self.sleeps  # waits in loop time, not sleeps
         self.consumer.go.set()
 
     def stop(self) -> None:
@@ -162,7 +168,7 @@ class _Harness:
 
 
 def _loop(consumer: ScriptedConsumer, handler: Callable[[Message], None],
-          **cfg: object) -> tuple[_Harness, list[float], Metrics]:
+          **cfg: Any) -> tuple[_Harness, list[float], Metrics]:
     h = _Harness(consumer, handler, **cfg)
     return h, h.sleeps, h.worker.metrics
 
