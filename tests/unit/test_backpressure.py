@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Set
+from typing import TypedDict, Unpack
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,21 @@ from kworkers.consumer.backpressure import (
 LIMITS = Limits(max_in_flight=100, per_partition=40)
 
 
-def _load(*parts: tuple[int, bool], **kw: bool) -> Load:
+class _HoldFlags(TypedDict, total=False):
+    """``Load``'s flags but ``may_hold``."""
+
+    draining: bool
+    breaker_open: bool
+    fenced: bool
+
+
+class _Flags(_HoldFlags, total=False):
+    """``Load``'s flags."""
+
+    may_hold: bool
+
+
+def _load(*parts: tuple[int, bool], **kw: Unpack[_Flags]) -> Load:
     return Load([PartitionLoad(("t", i), n, p) for i, (n, p) in enumerate(parts)], **kw)
 
 
@@ -185,11 +200,20 @@ def test_canary_the_most_room_of_any_partition_would_cross_a_share() -> None:
                for n in (3, 8, 20) for seed in range(50))
 
 
+class _SimulateKw(TypedDict):
+    """Some of ``_simulate``'s settings."""
+
+    steps: int
+    complete_p: float
+    wants_p: float
+    hold_p: float
+
+
 def test_canary_a_loop_that_polls_while_it_holds_breaks_the_bound() -> None:
     """Held partitions are at their share and not paused: a poll hands them records (one a
     poll once the bound is reached), so only not polling keeps the bound."""
     limits = Limits(200, per_partition=200)
-    kw = {"steps": 3000, "complete_p": 0.002, "wants_p": 0.0, "hold_p": 1.0}
+    kw: _SimulateKw = {"steps": 3000, "complete_p": 0.002, "wants_p": 0.0, "hold_p": 1.0}
     peaks = [_simulate(limits, 4, 50, seed=s, poll_held=True, **kw) for s in range(5)]
     assert max(peaks) > 200 + max(200, 4), peaks
     assert all(_simulate(limits, 4, 50, seed=s, **kw) <= 400 for s in range(5))
@@ -198,9 +222,9 @@ def test_canary_a_loop_that_polls_while_it_holds_breaks_the_bound() -> None:
 # ------------------------------------------------------------------ holds
 
 def _hold_load(*parts: tuple[int, bool, bool], wanting: Set[int] = frozenset(),
-               **kw: bool) -> Load:
+               may_hold: bool = True, **kw: Unpack[_HoldFlags]) -> Load:
     return Load([PartitionLoad(("t", i), n, p, h) for i, (n, p, h) in enumerate(parts)],
-                may_hold=kw.pop("may_hold", True), wants=lambda tp: tp[1] in wanting, **kw)
+                may_hold=may_hold, wants=lambda tp: tp[1] in wanting, **kw)
 
 
 def test_a_partition_at_its_share_is_held_when_no_open_one_wants_records() -> None:
@@ -230,7 +254,9 @@ def test_a_hold_lasts_to_the_resume_mark_and_no_longer_than_allowed() -> None:
 
 
 def test_a_drain_an_open_breaker_or_a_fence_pauses_what_is_held() -> None:
-    for kw in ({"draining": True}, {"breaker_open": True}, {"fenced": True}):
+    flags: tuple[_HoldFlags, ...] = ({"draining": True}, {"breaker_open": True},
+                                     {"fenced": True})
+    for kw in flags:
         d = decide(LIMITS, _hold_load((30, False, True), (0, False, False), **kw))
         assert d.held == () and set(d.pause) == {("t", 0), ("t", 1)}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kworkers.config import WorkerConfig
@@ -103,7 +105,7 @@ def test_secrets_never_show() -> None:
     # canary: settings without that secret leave the text alone, so the check can fail
     assert ClientSettings("k1:9092").redact(text) == text
     with pytest.raises(ConfigError) as bad:
-        ClientSettings.of("h:1", {"sasl.password": [SECRET]})  # type: ignore[dict-item]
+        ClientSettings.of("h:1", {"sasl.password": [SECRET]})
     assert SECRET not in str(bad.value)
     cfg = WorkerConfig(topics=("t",), group_id="g", client_config=SASL)
     assert SECRET not in repr(cfg) and cfg.client.security == SASL
@@ -111,8 +113,9 @@ def test_secrets_never_show() -> None:
 
 def test_worker_config_keeps_connection_settings_in_one_place() -> None:
     for name in ("consumer_config", "producer_config"):
+        settings: dict[str, Any] = {name: {"sasl.password": "x"}}  # WorkerConfig's own type
         with pytest.raises(ConfigError, match=rf"^{name}: \['sasl.password'\].*client_config"):
-            WorkerConfig(topics=("t",), group_id="g", **{name: {"sasl.password": "x"}})
+            WorkerConfig(topics=("t",), group_id="g", **settings)
     with pytest.raises(ConfigError, match="set by kworkers itself"):
         WorkerConfig(topics=("t",), group_id="g", client_config={"group.id": "x"})
     cfg = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="b:1",

@@ -13,12 +13,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import pytest
 
 from kworkers import Worker
 from kworkers.clock import FakeClock
 from kworkers.consumer import backpressure, processor
+from kworkers.consumer.ports import ConsumerPort
 from kworkers.consumer.stall import (
     UNHEALTHY_AFTER,
     Hold,
@@ -28,6 +30,7 @@ from kworkers.consumer.stall import (
     judge,
 )
 from kworkers.consumer.stall_watch import StallWatch
+from kworkers.consumer.tier_gate import TierGate
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
 from tests.unit.test_loop_with_fake_consumer import RecordingSender, _idle
@@ -143,9 +146,11 @@ def _records(partitions: int, n: int) -> dict[TP, list[Message]]:
 
 
 def _run(consumer: StickyConsumer, handler: Callable[[Message], None],
-         **cfg: object) -> tuple[Worker, threading.Thread]:
+         **cfg: Any) -> tuple[Worker, threading.Thread]:  # Worker's own **settings: Any
+    # the sticky fake has no ``group_metadata`` (exactly-once only, never asked here)
+    port = cast(ConsumerPort, consumer)
     w = Worker(topics=["t"], group_id="g", sender=RecordingSender(),
-               consumer=lambda g: consumer if g == "g" else _idle(g), **cfg)
+               consumer=lambda g: port if g == "g" else _idle(g), **cfg)
     w.handler(handler)
     t = threading.Thread(target=w.run, args=(False,), daemon=True)
     t.start()
@@ -346,7 +351,7 @@ def test_tier_records_waiting_for_their_due_time_are_held_not_stalled() -> None:
     t.start()
     try:
         _wait(lambda: len(w.loops) == 2 and w.loops[1].gate is not None
-              and len(w.loops[1].gate) == 40, "every tier record in the heap")
+              and len(cast(TierGate, w.loops[1].gate)) == 40, "every tier record in the heap")
         time.sleep(1.5)  # five stall bounds with nothing completing
         views = w.loops[1].stall_views
         assert views and all(v.hold is Hold.NOT_DUE and v.held > 0 for v in views), views
@@ -463,7 +468,7 @@ def _hot_beside_idle(monkeypatch: pytest.MonkeyPatch, holds: bool) -> _CountedPa
     is counted is the rule, not the machine's speed."""
     monkeypatch.setattr(processor, "HOLDS", holds)
     monkeypatch.setattr(processor, "HOLD_S", 600.0)
-    decide = processor.backpressure.decide
+    decide = backpressure.decide  # processor.backpressure: the same module
     stops: list[str] = []  # the scenario's precondition: partition 0 did reach its share
 
     def spy(limits: backpressure.Limits, load: backpressure.Load) -> backpressure.Decision:
@@ -471,7 +476,7 @@ def _hot_beside_idle(monkeypatch: pytest.MonkeyPatch, holds: bool) -> _CountedPa
         stops.extend(["held"] * (("t", 0) in d.held) + ["paused"] * (("t", 0) in d.pause))
         return d
 
-    monkeypatch.setattr(processor.backpressure, "decide", spy)
+    monkeypatch.setattr(backpressure, "decide", spy)
     records = _records(3, 600)
     records[("t", 1)] = records[("t", 2)] = []
     consumer = _CountedPauses(records)

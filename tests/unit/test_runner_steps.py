@@ -4,12 +4,14 @@ to do, and what it reports to the poll thread."""
 from __future__ import annotations
 
 from queue import SimpleQueue
+from typing import cast
 
 from kworkers.clock import FakeClock
 from kworkers.consumer.breaker import Breaker, BreakerPolicy
-from kworkers.consumer.partition import Item, PartitionState, Poisoned
+from kworkers.consumer.partition import Item, Partition, PartitionState, Poisoned
+from kworkers.consumer.ports import Completion
 from kworkers.consumer.runner import Runner
-from kworkers.consumer.steps import HandOffRequest, Steps
+from kworkers.consumer.steps import HandOffRequest, HandOffs, Runtime, Steps
 from kworkers.message import Message
 
 
@@ -31,22 +33,23 @@ class _HandOffs:
     def has_room(self) -> bool:
         return True
 
-    def wait_room(self, ps: PartitionState) -> bool:
+    def wait_room(self, ps: Partition) -> bool:
         return True
 
-    def submit(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
+    def submit(self, ps: Partition, msg: Message, exc: BaseException) -> bool:
         return True
 
     def tick(self) -> None:
         pass
 
-    def acknowledged(self) -> list[object]:
+    def acknowledged(self) -> list[Completion]:
         return []
 
 
 def _runner(timeout: float | None = None, breaker: Breaker | None = None) -> Runner:
-    return Runner(lambda m: None, lambda h, m: h(m), _HandOffs(), _NoRuntime(), FakeClock(),
-                  timeout, SimpleQueue(), breaker)
+    # partial fakes (no outputs to emit; the test drives the skeleton, no runtime runs it)
+    return Runner(lambda m: None, lambda h, m: h(m), cast(HandOffs, _HandOffs()),
+                  cast(Runtime, _NoRuntime()), FakeClock(), timeout, SimpleQueue(), breaker)
 
 
 def _msgs(*offsets: int) -> list[Item]:
@@ -63,6 +66,7 @@ def _drive(steps: Steps, fail: set[int], hand_off: bool = True) -> list[str]:
                 asked.append(f"hand-off {req.msg.offset} {type(req.exc).__name__}")
                 req = steps.send(hand_off)
             else:
+                assert isinstance(req, Message)
                 asked.append(f"run {req.offset}")
                 req = steps.send(ValueError("x") if req.offset in fail else None)
     except StopIteration:
@@ -99,6 +103,7 @@ def _drive_rest(steps: Steps) -> list[str]:
         req = steps.send(None)
         while True:
             assert not isinstance(req, HandOffRequest)
+            assert isinstance(req, Message)
             asked.append(f"run {req.offset}")
             req = steps.send(None)
     except StopIteration:

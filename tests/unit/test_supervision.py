@@ -7,14 +7,18 @@ from __future__ import annotations
 import threading
 import time
 from queue import SimpleQueue
+from typing import Any, cast
 
 import pytest
 
 from kworkers import RetryPolicy, TierLadder, Worker
 from kworkers.clock import FakeClock
-from kworkers.consumer.partition import PartitionState
+from kworkers.consumer.partition import Item, Partition, PartitionState
+from kworkers.consumer.ports import Completion
 from kworkers.consumer.runner import Runner
 from kworkers.consumer.runtime import ThreadRuntime
+from kworkers.consumer.steps import HandOffs
+from kworkers.consumer.tier_gate import TierGate
 from kworkers.errors import WorkerFailed
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
@@ -30,7 +34,7 @@ class Boom(BaseException):
 
 
 def _worker(main: ScriptedConsumer, tier: ScriptedConsumer | None = None,
-            **cfg: object) -> Worker:
+            **cfg: Any) -> Worker:  # Worker's own **settings: Any
     tier = tier or ScriptedConsumer([], [], "g.retry")
     for c in (main, tier):
         c.go.set()
@@ -72,10 +76,12 @@ def test_a_handler_call_past_the_stall_bound_is_reported() -> None:
     sup = Supervisor()
     rt = ThreadRuntime(1, sup, clock)
     release = threading.Event()
-    runner = Runner(lambda m: release.wait(10), lambda h, m: h(m), _NoHandOffs(), rt, clock,
-                    None, SimpleQueue())
+    # a partial fake (no ``emit``): the handler never produces outputs here
+    runner = Runner(lambda m: release.wait(10), lambda h, m: h(m), cast(HandOffs, _NoHandOffs()),
+                    rt, clock, None, SimpleQueue())
     ps = PartitionState("t", 0, clock)
-    start = ps.lane.offer(_msgs(1))
+    items: list[Item] = list(_msgs(1))
+    start = ps.lane.offer(items)
     assert start is not None
     runner.start(ps.lane, *start)
     deadline = time.monotonic() + 10
@@ -92,16 +98,16 @@ class _NoHandOffs:
     def has_room(self) -> bool:
         return True
 
-    def wait_room(self, ps: PartitionState) -> bool:
+    def wait_room(self, ps: Partition) -> bool:
         return True
 
-    def submit(self, ps: PartitionState, msg: Message, exc: BaseException) -> bool:
+    def submit(self, ps: Partition, msg: Message, exc: BaseException) -> bool:
         return True
 
     def tick(self) -> None:
         pass
 
-    def acknowledged(self) -> list[object]:
+    def acknowledged(self) -> list[Completion]:
         return []
 
 
@@ -123,10 +129,10 @@ def test_the_timer_heap_stays_within_its_bound_and_the_rest_waits_in_kafka(
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (len(w.loops) == 2 and tier.paused):
         if len(w.loops) == 2 and w.loops[1].gate is not None:
-            seen.append(len(w.loops[1].gate))
+            seen.append(len(cast(TierGate, w.loops[1].gate)))  # the tier loop's gate
         time.sleep(0.001)
     time.sleep(0.3)  # a few more steps with every tier partition paused
-    heap = len(w.loops[1].gate) if w.loops[1].gate is not None else -1
+    heap = len(cast(TierGate, w.loops[1].gate)) if w.loops[1].gate is not None else -1
     w.stop()
     t.join(30)
     assert not box, box
