@@ -7,12 +7,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import cast
 
 import pytest
 
 from kworkers import Worker
 from kworkers.clock import FakeClock
 from kworkers.consumer.fencing import Membership, check_margin, default_margin
+from kworkers.consumer.ports import ConsumerPort
+from kworkers.consumer.processor import Processor
 from kworkers.errors import ConfigError
 from kworkers.message import Message
 from tests.unit.test_liveness import StickyConsumer, _records, _wait
@@ -22,12 +25,13 @@ from tests.unit.test_loop_with_fake_consumer import RecordingSender, _idle
 def test_a_member_fences_itself_after_the_session_less_the_margin_of_silence() -> None:
     m = Membership(session_s=10.0, margin_s=2.0, since=0.0)
     assert not m.update(7.9) and not m.fenced  # never heard from: counts from the start
-    assert m.update(8.0) and m.fenced
+    # cast: m.fenced re-read (mypy keeps it narrowed across the calls that move it)
+    assert m.update(8.0) and cast(bool, m.fenced)
     assert not m.update(9.0)  # one transition, logged once
     assert not m.may_probe(9.0)
     m.observe(8.5)  # the coordinator answers again at 8.5: it may be saying "expelled"
-    assert m.fenced and m.may_probe(9.0)  # so only a confirmation ends the fence
-    assert m.confirm(9.2) and not m.fenced and not m.may_probe(9.3)
+    assert cast(bool, m.fenced) and m.may_probe(9.0)  # so only a confirmation ends the fence
+    assert m.confirm(9.2) and not cast(bool, m.fenced) and not m.may_probe(9.3)
     m.observe(3.0)  # an older contact never moves it back
     assert m.contact_at == 9.2
     assert m.update(17.2)
@@ -86,15 +90,16 @@ def test_a_silent_coordinator_fences_the_worker_until_it_answers_again() -> None
             go.wait(10)  # the partition has more fetched behind this one
         time.sleep(0.002)
 
+    # the sticky fake has no ``group_metadata`` (exactly-once only, never asked here)
     w = Worker(topics=["t"], group_id="g", sender=RecordingSender(), fence_margin=1.0,
-               consumer=lambda g: consumer if g == "g" else _idle(g))
+               consumer=lambda g: cast(ConsumerPort, consumer) if g == "g" else _idle(g))
     w.handler(handle)
     t = threading.Thread(target=w.run, args=(False,), daemon=True)
     t.start()
     try:
         _wait(lambda: started[20] == 1, "offset 20 running")
         consumer.silent.set()
-        _wait(lambda: w.loops[0].membership is not None and w.loops[0].membership.fenced,
+        _wait(lambda: (m := cast(Processor, w.loops[0]).membership) is not None and m.fenced,
               "fenced after 1 s of silence")
         assert "fenced" in (w.unready_reason or "")
         go.set()  # offset 20 finishes; nothing after it may start now
@@ -117,13 +122,13 @@ def test_with_self_fencing_off_a_silent_coordinator_changes_nothing() -> None:
     consumer = SilentCoordinator(_records(1, 300))
     consumer.silent.set()
     w = Worker(topics=["t"], group_id="g", sender=RecordingSender(), self_fencing=False,
-               consumer=lambda g: consumer if g == "g" else _idle(g))
+               consumer=lambda g: cast(ConsumerPort, consumer) if g == "g" else _idle(g))
     w.handler(lambda msg: time.sleep(0.002))
     t = threading.Thread(target=w.run, args=(False,), daemon=True)
     t.start()
     try:
         _wait(lambda: consumer.commits.get(("t", 0)) == 300, "every record despite the silence")
-        assert w.loops[0].membership is None
+        assert cast(Processor, w.loops[0]).membership is None
     finally:
         w.stop()
         t.join(30)

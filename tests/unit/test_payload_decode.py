@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -70,12 +70,13 @@ def test_the_handler_sees_decoded_values_and_hand_offs_write_the_bytes() -> None
     @w.handler
     def handle(msg: Message) -> None:
         seen.append(msg)
-        if msg.value["n"] == 2:
+        if cast("dict[str, int]", msg.value)["n"] == 2:  # decoded: not bytes
             raise RetryableError("Later", "to a tier")
 
     _run(w, consumer, lambda: _final(consumer).get(("t", 0)) == 4)
-    assert [m.value for m in seen] == [{"n": i} for i in range(4)]
-    assert [m.key for m in seen] == [("key", f"k{i}") for i in range(4)]
+    # decoded: what the deserializers made of the bytes
+    assert [cast(object, m.value) for m in seen] == [{"n": i} for i in range(4)]
+    assert [cast(object, m.key) for m in seen] == [("key", f"k{i}") for i in range(4)]
     assert [m.raw_value for m in seen] == values and all(m.decoded for m in seen)
     assert [m.value_bytes for m in seen] == values
     assert [m.key_bytes for m in seen] == [b"k%d" % i for i in range(4)]
@@ -166,7 +167,8 @@ def test_batch_handlers_see_decoded_records_and_a_batch_error_hands_off_original
     @w.batch_handler(max_size=10)
     def handle(msgs: list[Message]) -> None:
         batches.append([m.value for m in msgs])
-        raise BatchError({m: ValueError("no") for m in msgs if m.value["n"] == 3})
+        raise BatchError({m: ValueError("no") for m in msgs
+                          if cast("dict[str, int]", m.value)["n"] == 3})
 
     _run(w, consumer, lambda: _final(consumer).get(("t", 0)) == 5)
     assert [v for b in batches for v in b] == [{"n": i} for i in range(4)]

@@ -17,12 +17,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from kworkers import NonRetryableError, RetryableError, RetryPolicy, TierLadder, Worker
-from kworkers.consumer.ports import Delivered
+from kworkers.consumer.ports import ConsumerPort, Delivered
 from kworkers.errors import WorkerFailed
 from kworkers.message import Headers, Message
 from kworkers.share import delivery_count
@@ -45,7 +45,7 @@ class ModelShare:
                         for o in range(n)}
         self.available = list(self.records)
         self.deliveries: Counter[RecordKey] = Counter(
-            {k: d - 1 for k, d in (first_deliveries or {}).items() for k in [self._key(k)]})
+            {self._key(o): d - 1 for o, d in (first_deliveries or {}).items()})
         self.outstanding: set[RecordKey] = set()  # acquired by the last poll, not acknowledged
         self.acks: list[tuple[RecordKey, AckType]] = []
         self.archived: set[RecordKey] = set()
@@ -193,11 +193,17 @@ class Sender:
         self.pending = []
 
 
+def _tier(group: str) -> ConsumerPort:
+    """The retry group's stub: a partial ``ConsumerPort`` (no ``group_metadata`` or
+    ``is_rebalancing``: its commits never fail, and there is no transaction)."""
+    return cast(ConsumerPort, TierStub(group))
+
+
 def _worker(model: ModelShare, handler: Callable[[Message], Any], sender: Sender | None = None,
             **cfg: Any) -> tuple[Worker, Sender, threading.Thread]:
     sender = sender or Sender(model)
     w = Worker(TOPIC, "g", mode="share", sender=sender,
-               consumer=lambda g: model if g == "g" else TierStub(g), **cfg)
+               consumer=lambda g: model if g == "g" else _tier(g), **cfg)
     w.handler(handler)
 
     def run() -> None:
@@ -367,7 +373,7 @@ def test_refused_acknowledgements_are_counted() -> None:
 def test_a_deadline_longer_than_the_lock_allows_is_refused_before_anything_runs() -> None:
     model = ModelShare(3, lock_s=15.0)
     w = Worker(TOPIC, "g", mode="share", sender=Sender(model), message_timeout=14.0,
-               consumer=lambda g: model if g == "g" else TierStub(g))
+               consumer=lambda g: model if g == "g" else _tier(g))
     w.handler(lambda m: None)
     from kworkers import ConfigError
 
@@ -402,7 +408,7 @@ def test_batch_handlers_are_refused_in_share_mode() -> None:
 
     model = ModelShare(3)
     w = Worker(TOPIC, "g", mode="share", sender=Sender(model),
-               consumer=lambda g: model if g == "g" else TierStub(g))
+               consumer=lambda g: model if g == "g" else _tier(g))
     w.batch_handler(lambda msgs: None)
     with pytest.raises(ConfigError, match="batch handlers are not supported in share mode"):
         w.run(install_signals=False)

@@ -11,7 +11,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -223,10 +223,11 @@ class _CheckpointThenProduce(ActivityRunner):
     def __call__(self, msg: Message) -> None:
         self._later = None
         super().__call__(msg)
-        if self._later is not None:
+        later = cast("tuple[bytes, bytes, Headers] | None", self._later)  # handoff() set it?
+        if later is not None:
             if self.crash:
                 raise Crash("killed between the checkpoint and the produce")
-            self.harness.send(self.topic, *self._later)
+            self.harness.send(self.topic, *later)
 
 
 def test_canary_checkpoint_then_produce_loses_runs(store: Any) -> None:
