@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -77,7 +77,7 @@ def test_a_batch_error_hands_off_only_the_records_it_names() -> None:
         raise BatchError({m: ConnectionError("down") for m in msgs if m.offset in (1, 4)})
 
     _run(w, consumer, lambda: _final(consumer).get(("t", 0)) == 6)
-    assert sorted(v for _t, v in sender.sent) == [b"1", b"4"]
+    assert sorted(cast(bytes, v) for _t, v in sender.sent) == [b"1", b"4"]
     assert {t for t, _v in sender.sent} == {"t.retry.1s"}
 
 
@@ -90,7 +90,7 @@ def test_any_other_exception_hands_off_every_record_of_the_batch() -> None:
         raise ValueError("the bulk request failed")
 
     _run(w, consumer, lambda: _final(consumer).get(("t", 0)) == 4)
-    assert sorted(v for _t, v in sender.sent) == [b"0", b"1", b"2", b"3"]
+    assert sorted(cast(bytes, v) for _t, v in sender.sent) == [b"0", b"1", b"2", b"3"]
 
 
 def test_key_ordering_batches_per_partition_keys_in_order() -> None:
@@ -156,7 +156,8 @@ def test_the_deadline_applies_per_batch() -> None:
 
     _run(w, consumer, lambda: _final(consumer).get(("t", 0)) == 6)
     release.set()
-    assert sorted(v for _t, v in sender.sent) == [b"0", b"1", b"2"]  # the batch timed out
+    # the batch timed out
+    assert sorted(cast(bytes, v) for _t, v in sender.sent) == [b"0", b"1", b"2"]
 
 
 def test_outside_a_batch_idempotency_key_says_what_to_use() -> None:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kworkers.console import auth
 from kworkers.console.breaker import read_endpoints, states_of
 from kworkers.console.dlq_filter import ConsoleFilter
-from kworkers.console.dlq_pages import cursor_text, cut, parse_cursor
+from kworkers.console.dlq_pages import Row, cursor_text, cut, parse_cursor
 from kworkers.console.record_view import decode_avro, hex_dump, record_view
 from kworkers.console.settings import ConsoleSettings
 from kworkers.dlq.ledger import parse_marker
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 # --- paging ------------------------------------------------------------------------------
 
 Log = dict[int, list[Message]]  # partition -> records in offset order (gaps allowed)
-Cut = Callable[..., tuple[list[object], dict[int, int]]]
+Cut = Callable[..., tuple[list[Row], dict[int, int]]]
 
 
 def _fake_scan(log: Log, start: Mapping[int, int], limit: int
@@ -69,7 +69,7 @@ def _walk(log: Log, flt: ConsoleFilter, page_size: int, per_partition: int,
     for _ in range(10_000):
         read, ends, truncated = _fake_scan(log, cursor, per_partition)
         rows, nxt = cutter(read, cursor, ends, truncated, flt, page_size)
-        seen += [(r.message.partition, r.message.offset) for r in rows]  # type: ignore[attr-defined]
+        seen += [(r.message.partition, r.message.offset) for r in rows]
         if all(nxt[p] >= ends[p] for p in nxt):
             return seen
         assert nxt != cursor or rows, "a page that neither shows nor advances: no progress"
@@ -118,7 +118,7 @@ def test_paging_shows_every_match_once(spec: dict[int, list[tuple[int, bool]]],
 
 def _skipping_cut(read: Sequence[Message], start: Mapping[int, int], ends: Mapping[int, int],
                   truncated: set[int], flt: ConsoleFilter, page_size: int
-                  ) -> tuple[list[object], dict[int, int]]:
+                  ) -> tuple[list[Row], dict[int, int]]:
     """A broken cut: moves past everything read, forgetting the matches it did not show."""
     rows, _ = cut(read, start, ends, truncated, flt, page_size)
     nxt = {p: (max((m.offset for m in read if m.partition == p), default=s - 1) + 1

@@ -131,10 +131,10 @@ def test_canary_a_planner_that_trusts_headers_sends_the_forged_one_to_victim(
     """The plan-page check above, against the old rule (target = recorded origin): the forged
     dead letter is planned to ``victim`` and nothing is refused, which that check rejects."""
     from kworkers.dlq import redrive_plan
+    from kworkers.topic_names import source_topic_of  # what redrive_plan uses
 
     monkeypatch.setattr(redrive_plan, "redrive_target",
-                        lambda dlq, d, to=None: to or redrive_plan.source_topic_of(
-                            d.original_topic))
+                        lambda dlq, d, to=None: to or source_topic_of(d.original_topic))
     r = console.get(f"/dlq/{DLQ}/plan")
     assert r.status_code == 200, r.text
     assert "victim/1" in _replay_to(r.text) and 'id="plan-refused"' not in r.text

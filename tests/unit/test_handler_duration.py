@@ -4,8 +4,10 @@ counted reported batches of successes (3 observations after 60 calls) and no fai
 from __future__ import annotations
 
 import threading
+from typing import cast
 
 from kworkers import Worker
+from kworkers.consumer.ports import ConsumerPort
 from kworkers.message import Message
 from tests.unit.test_liveness import StickyConsumer, _records, _wait
 from tests.unit.test_loop_with_fake_consumer import RecordingSender, _idle
@@ -28,7 +30,7 @@ def test_every_call_is_observed_once_failures_included() -> None:
             raise ValueError("fails")  # handed to the retry tier: still a call
 
     w = Worker(topics=["t"], group_id="g", sender=RecordingSender(),
-               consumer=lambda g: consumer if g == "g" else _idle(g))
+               consumer=lambda g: cast(ConsumerPort, consumer) if g == "g" else _idle(g))
     w.handler(handle)
     t = threading.Thread(target=w.run, args=(False,), daemon=True)
     t.start()

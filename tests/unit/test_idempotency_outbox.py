@@ -135,7 +135,7 @@ def test_bad_input_is_a_config_error(env: Any) -> None:
         with pytest.raises(ConfigError):
             outbox.enqueue(conn, "", None, None)
         with pytest.raises(ConfigError):
-            outbox.enqueue(conn, "t", None, None, (("h", "not bytes"),))  # type: ignore[arg-type]
+            outbox.enqueue(conn, "t", None, None, (("h", "not bytes"),))
     with pytest.raises(ConfigError):
         outbox.pending(0)
     with pytest.raises(ConfigError):

@@ -49,7 +49,7 @@ def test_the_root_exports_every_public_name_on_demand() -> None:
     assert kworkers.Worker.__module__ == "kworkers.worker"
     assert kworkers.activity.__name__ == "kworkers.activity"
     with pytest.raises(AttributeError, match="no attribute 'Wroker'"):
-        _ = kworkers.Wroker  # type: ignore[attr-defined]
+        _ = kworkers.Wroker
     names: dict[str, object] = {}
     exec("from kworkers import *", names)
     assert set(kworkers.__all__) <= set(names)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kworkers import Message, activity
-from kworkers.consumer.ports import Invoker
+from kworkers.consumer.ports import Invoker, Records
 from kworkers.tracing import (
     TracedInvoke,
     TraceParent,
@@ -215,7 +215,7 @@ def test_the_span_wraps_the_inner_invoker() -> None:
     tracer = FakeTracer()
     order: list[str] = []
 
-    def inner(handler: Any, msg: Message) -> Any:
+    def inner(handler: Any, msg: Records) -> Any:
         order.append(f"inner open={tracer.open}")
         return handler(msg)
 
@@ -230,7 +230,7 @@ def test_the_span_wraps_the_inner_invoker() -> None:
         order.append("async handler")
         return "y"
 
-    def ainner(handler: Any, msg: Message) -> Any:
+    def ainner(handler: Any, msg: Records) -> Any:
         order.append(f"async inner open={tracer.open}")
         return handler(msg)
 

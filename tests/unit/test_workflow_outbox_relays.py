@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -116,7 +116,7 @@ def test_a_failed_send_releases_the_rest_at_once(spec: Spec) -> None:
     assert calls == [b"1", b"2"]
     log = Log()
     assert b.relay_once(log) == 2  # no waiting out A's lease
-    assert sorted(v for _k, v in log.sent) == [b"2", b"3"]
+    assert sorted(cast(bytes, v) for _k, v in log.sent) == [b"2", b"3"]
 
 
 def test_an_old_table_gets_the_lease_columns(spec: Spec) -> None:
