@@ -92,7 +92,7 @@ def log_of(store: TransactionalStore[Any],
 def make_engine(store: TransactionalStore[Any], *, topic: str = TOPIC,
                 tables: str = "kworkers_wf", prefix: str = "approval", **kw: Any) -> Engine:
     table = check_identifier(f"{prefix}_log")
-    serial = ("BIGSERIAL PRIMARY KEY" if store.dialect == "postgres"  # type: ignore[attr-defined]
+    serial = ("BIGSERIAL PRIMARY KEY" if store.dialect == "postgres"
               else "INTEGER PRIMARY KEY AUTOINCREMENT")
     with store.atomic() as conn:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (n {serial}, workflow_id TEXT NOT "

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import cast
 
 from kworkers import Message, Worker
+from kworkers.worker import ConsumerFactory
 from tests.apps.adapters import KafkaConsumerAdapter, consumer_settings
 
 BREAK_RETRY_LOOP = threading.Event()
@@ -40,7 +42,7 @@ class BreakableConsumer:
 
 
 worker = Worker(topics=["placeholder"], group_id="placeholder", drain_timeout=20.0,
-                consumer=BreakableConsumer)
+                consumer=cast(ConsumerFactory, BreakableConsumer))  # the rest by __getattr__
 
 
 @worker.handler

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.canary == "no-last-delivery":
         from kworkers.share.rules import ShareRules
 
-        ShareRules.is_last_delivery = lambda self, n: False  # type: ignore[method-assign]
+        ShareRules.is_last_delivery = lambda self, n: False  # type: ignore[method-assign,assignment]
     # The lease a killed member leaves on a key must run out within the retries of the next
     # member's attempts (each answered LeaseBusy until then), or the record is dead-lettered
     # as LeaseBusy: a 2 s lease under 12 attempts (11 tier hops of at least 0.25 s each)
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.flaky_every and n % args.flaky_every == 0 and msg.attempt == 1:
             raise RetryableError("Flaky", f"record {key} fails its first attempt")
         if args.canary == "accept-early":
-            t = threading.Thread(target=lambda: (time.sleep(1.0), effect(key, msg)),
+            # a tuple of two calls' Nones: one lambda runs both
+            t = threading.Thread(target=lambda: (time.sleep(1.0), effect(key, msg)),  # type: ignore[func-returns-value]
                                  daemon=True)
             t.start()
             later.append(t)

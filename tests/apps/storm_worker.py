@@ -34,7 +34,7 @@ def _pairs(text: str) -> dict[str, int]:
     return {k: int(v) for k, _, v in (p.partition("=") for p in text.split(",") if p)}
 
 
-limits = _pairs(os.environ.get("STORM_LIMITS", ""))
+limits: dict[str, Any] = _pairs(os.environ.get("STORM_LIMITS", ""))  # Worker's **settings
 client = _pairs(os.environ.get("STORM_CONSUMER", ""))
 breaker = (BreakerPolicy(failure_ratio=0.5, window_s=5, min_attempts=50, cooldown_s=2.0,
                          max_cooldown_s=4.0)

@@ -24,12 +24,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from kworkers import Message, NonRetryableError, RetryPolicy, TierLadder, Worker
 from kworkers.activity import ActivityInvoker
 from kworkers.consumer.commit import COMMIT_RETRY_WAITS, CommitPolicy
+from kworkers.consumer.committer import Committer
+from kworkers.consumer.processor import Processor
 from kworkers.idempotency import SqliteStore
 from kworkers.metrics import MetricsServer
 from kworkers.retry_tiers import headers as h
@@ -150,7 +153,8 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
             pauser.pause("long", LONG_PAUSE_S)
 
     with running(w):
-        w.loops[0].committer.waits = waits  # the waits it schedules, in loop time
+        # the waits it schedules, in loop time (partition mode, at least once)
+        cast(Committer, cast(Processor, w.loops[0]).committer).waits = waits
         wait_for(lambda: "short" in pauser.resumed and pauser.resumed["short"].is_set(), 120,
                  "the short pause")
         wait_for(lambda: ledger.applications().get("199") == 1, 60, "work after the pause")

@@ -24,13 +24,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pytest
 from confluent_kafka import Producer
 
 from kworkers.envelope.envelope import ids_to_headers
-from kworkers.idempotency import open_store
+from kworkers.idempotency import TransactionalStore, open_store
 from kworkers.testing import Broker
 from kworkers.testing.broker import free_port
 from kworkers.testing.checker import CommitSampler, LogRecord, Report, check, read_log, record_key
@@ -153,7 +153,8 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool,
         [sys.executable, "-m", "kworkers.cli", "run", "tests.apps.storm_worker:worker",
          "--metrics-port", str(port), "--log-level", "WARNING"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    ledger = Ledger.on_store(open_store(_store_url(tmp)), table=table)
+    ledger = Ledger.on_store(cast(TransactionalStore[Any], open_store(_store_url(tmp))),
+                             table=table)  # an SQL store's URL
     commits = CommitSampler(bs, group, topic, every=0.5)
     health: list[int] = []
     rss: list[float] = []
@@ -174,7 +175,9 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool,
     try:
         wait_for(lambda: _health(port) == 200 or proc.poll() is not None, 90, "worker up")
         time.sleep(1.0)  # idle: subscribed, assigned, nothing to fetch
-        idle = max(_rss_mb(proc.pid) for _ in range(4) if time.sleep(0.25) is None)
+        # the sleep's None lets the comprehension pause between samples
+        idle = max(_rss_mb(proc.pid) for _ in range(4)
+                   if time.sleep(0.25) is None)  # type: ignore[func-returns-value]
         commits.start()
         _fill(bs, topic, n)
         t_end = time.monotonic() + outage_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import cast
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -40,7 +41,7 @@ def _consume_all(
         for _ in range(300):
             for m in c.consume(500, timeout=0.2):
                 assert m.error() is None, m.error()
-                got.append(m.value())
+                got.append(cast(bytes, m.value()))  # error() is None: a record
             if len(got) >= n:
                 break
         c.commit(asynchronous=False)

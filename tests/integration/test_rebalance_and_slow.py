@@ -62,7 +62,7 @@ def test_member_joins_and_leaves_without_revoking_what_stays(
 
     def make(member: str) -> Worker:
         w = Worker(topics=[topic], group_id=group, bootstrap_servers=bs,
-                   group_protocol=protocol,  # type: ignore[arg-type]
+                   group_protocol=protocol,
                    consumer=_recorded(bs, ledger, member, protocol, extra),
                    invoke=RecordingInvoker(ledger, ActivityInvoker()))
 

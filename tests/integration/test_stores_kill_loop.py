@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import pytest
 
@@ -95,7 +95,8 @@ def test_flaky_pool_under_sigkill_applies_each_effect_exactly_once(spec: Spec) -
                 pool[victim].wait(30)
                 kills += 1
             elif pool[victim].returncode != 0:  # a crash of its own is a bug, not a fault
-                err = pool[victim].stderr.read().decode() if pool[victim].stderr else ""
+                err = (cast(IO[bytes], pool[victim].stderr).read().decode()
+                       if pool[victim].stderr else "")
                 pytest.fail(f"worker exited {pool[victim].returncode}: {err}")
             pool[victim] = _start(spec, n)
     finally:
