@@ -38,7 +38,8 @@ def topic_ends(bs: str, timeout: float = 60.0) -> Ends:
         tps = [TopicPartition(n, p) for n, t in md.topics.items() if not n.startswith("__")
                for p in t.partitions]
         try:
-            futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+            futures = admin.list_offsets({tp: OffsetSpec.latest()  # type: ignore[no-untyped-call]
+                                          for tp in tps},
                                          request_timeout=10)
             out: Ends = {}
             for tp, fut in futures.items():

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Producer
@@ -146,8 +146,10 @@ def all_running(*workers: Worker) -> Iterator[None]:
         servers = []
         for w in workers:
             stack.enter_context(running(w))
-            server = MetricsServer(w.metrics, 0, "127.0.0.1", ready=lambda w=w: w.ready,
-                                   fault=lambda w=w: w.fault).start()
+            server = MetricsServer(w.metrics, 0, "127.0.0.1",
+                                   ready=cast("Callable[[], bool]", lambda w=w: w.ready),
+                                   fault=cast("Callable[[], object]", lambda w=w: w.fault)
+                                   ).start()
             stack.callback(server.close)
             servers.append(server)
         yield

@@ -26,9 +26,10 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import httpx
 import pytest
@@ -194,10 +195,11 @@ def test_a_worker_consumes_over_each_listener(cluster: Cluster) -> None:
         for _listener, _topic, w, _seen in runs:
             stack.enter_context(running(w))
         for listener, topic, w, seen in runs:
-            wait_for(lambda seen=seen: len(seen) == 20, 60, f"20 records over {listener}")
+            wait_for(cast("Callable[[], bool]", lambda seen=seen: len(seen) == 20), 60,
+                     f"20 records over {listener}")
             # read back through the plaintext listener: the group committed all 20
-            wait_for(lambda topic=topic, w=w: committed_total_now(
-                cluster.plain, w.config.group_id, topic, 2) == 20, 30, "the commits")
+            wait_for(cast("Callable[[], bool]", lambda topic=topic, w=w: committed_total_now(
+                cluster.plain, w.config.group_id, topic, 2) == 20), 30, "the commits")
 
 
 # --- refusals: one line naming the cause ---------------------------------------------------
@@ -584,13 +586,24 @@ def _pool_config(c: Cluster, listener: str, client: Props) -> WorkerConfig:
     return config
 
 
+if TYPE_CHECKING:
+    class _RenderArgs(TypedDict):
+        """The arguments of ``render`` both deployments share."""
+
+        image: str
+        app: str
+        partitions: int
+        module: str
+        allow_loopback: bool
+
+
 def _deployments(c: Cluster) -> list[tuple[str, WorkerConfig, dict[str, str], Secrets]]:
     """SCRAM over TLS (the SASL Secret as variables, the CA Secret as a file) and mTLS (the
     CA, the certificate and its key as files), each rendered as `deploy render` would."""
     alice = c.pki.client("alice")  # a Secret's tls.key is not encrypted
     scram = _pool_config(c, "SCRAM", {"sasl.mechanism": "SCRAM-SHA-512"})
     mtls = _pool_config(c, "MTLS", {"security.protocol": "SSL"})
-    common = {"image": "kworkers/worker:test", "app": "orders", "partitions": 2,
+    common: _RenderArgs = {"image": "kworkers/worker:test", "app": "orders", "partitions": 2,
               "module": "kworkers.deploy.example:worker", "allow_loopback": True}
     return [
         ("SCRAM", scram, render(scram, **common, metrics_port=free_port(),
@@ -740,7 +753,7 @@ def test_every_redrive_is_audited_and_the_console_shows_it_after_a_restart(
     assert (runs[f"key={k0}"].who, runs[f"key={k0}"].via) == (me, "cli")
     assert runs[f"key={k0}"].result == "redriven=1 skipped_already=0 selected=1"
     assert runs[f"key={k3}"].ended is None  # killed: the start is there, no end
-    bob = next(r for s, r in runs.items() if s.startswith(f"key={k6}"))
+    bob = next(r for s, r in runs.items() if cast(str, s).startswith(f"key={k6}"))
     assert (bob.who, bob.via, bob.result) == ("bob", "console",
                                               "redriven=1 skipped_already=0 selected=1")
     # the ledger's readers still see only dead letters: a rerun skips what was replayed

@@ -29,6 +29,7 @@ from examples.pipeline.app import DATA_DIR
 from kworkers.testing import Broker
 from kworkers.testing.processes import WorkerProcess
 from kworkers.workflow import Engine
+from kworkers.workflow.state import Status
 from tests.apps.workflow_checks import Report, check
 from tests.apps.workflow_worker import build, make_worker
 
@@ -91,7 +92,7 @@ def _until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None],
         time.sleep(0.2)
 
 
-def _done(engine: Engine, ids: list[str], status: str) -> int:
+def _done(engine: Engine, ids: list[str], status: Status) -> int:
     return sum(1 for r in engine.tables.list_runs(status, limit=10_000) if r.workflow_id in ids)
 
 

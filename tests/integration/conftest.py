@@ -12,7 +12,7 @@ from kworkers import Worker
 pytestmark = pytest.mark.integration
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+def wait_for(cond: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> None:
     """Polls a condition; the timeout only bounds a hung test, it is never a pass criterion."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -172,8 +173,10 @@ def test_redrive_filtered_subset_then_the_rest_each_once(kafka_broker: Broker,
                                       "dlq_offset": x.dlq_offset,
                                       "original_partition": x.original_partition}
             for x in read_dlq(bs, d.dlq).dead_letters}
-    listed = [line for line in dry.stdout.splitlines() if line.startswith("would replay ")
-              and " key=" in line]
+    # the dry run's lines here, the JSON rows of ``dlq list`` below
+    listed: list[Any] = [
+        line for line in dry.stdout.splitlines() if line.startswith("would replay ")
+        and " key=" in line]
     assert sorted(listed) == sorted(
         f"would replay {d.dlq}/{rows[k]['dlq_partition']}@{rows[k]['dlq_offset']} key={k} "
         f"error=Malformed -> {d.topic}/{rows[k]['original_partition']}" for k in ("k0", "k6"))

@@ -36,7 +36,8 @@ from tests.integration.test_cli_support import cli
 pytestmark = pytest.mark.integration
 
 
-def _transaction(bs: str, records: list[tuple[str, int, bytes, list[tuple[str, bytes]]]],
+def _transaction(bs: str,
+                 records: list[tuple[str, int, bytes, list[tuple[str, str | bytes | None]]]],
                  commit: bool) -> None:
     p = Producer({"bootstrap.servers": bs, "transactional.id": unique("tx")})
     p.init_transactions(30)

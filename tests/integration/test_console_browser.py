@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -41,6 +42,9 @@ from kworkers.testing.workload import make_topic, produce, unique
 from tests.integration.conftest import running, wait_for
 from tests.integration.test_cli_support import ROOT, DeadLetters, cli, make_dead_letters
 from tests.unit.test_console_workflows import fill
+
+if TYPE_CHECKING:
+    from playwright.sync_api import APIResponse, Response
 
 try:  # imported here, not skipped at collection: a missing Playwright fails the tests in CI
     from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -211,10 +215,12 @@ def read_back(bs: str, topic: str) -> list[dict[str, bytes]]:
         while pending and time.monotonic() < deadline:
             for m in c.consume(500, 0.5):
                 if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                    if cast(KafkaError, m.error()).code() == KafkaError._PARTITION_EOF:
                         pending.discard(m.partition())
                     continue
-                out.append({k: v or b"" for k, v in m.headers() or []})
+                # a consumed record's headers: a list of (name, bytes) pairs
+                out.append({k: v or b"" for k, v in cast("list[tuple[str, bytes | None]]",
+                                                         m.headers() or [])})
                 if (m.offset() or 0) >= ends[m.partition() or 0] - 1:
                     pending.discard(m.partition())
         assert not pending, f"{topic}: partitions {pending} not read to their end"
@@ -410,7 +416,7 @@ def test_redrive_a_selection_exactly_once(browser: Browser, page: Page, url: str
 def test_canary_the_exactly_once_count_sees_a_duplicate(stage: Stage) -> None:
     """The count the redrive test relies on, fed a replay produced twice by hand."""
     topic = make_topic(stage.bs, unique("dup"), 1)
-    mark = [("kw-redrive-of", b"x.dlq/0/1")]
+    mark: list[tuple[str, str | bytes | None]] = [("kw-redrive-of", b"x.dlq/0/1")]
     producer = Producer({"bootstrap.servers": stage.bs})
     for _ in range(2):
         producer.produce(topic, key=b"k", value=b"v", headers=mark)
@@ -525,6 +531,7 @@ def test_token_required_off_loopback(browser: Browser, stage: Stage) -> None:
                     assert "ERR_INVALID_AUTH_CREDENTIALS" in str(exc)
                     status = 401
                 assert status == 401
+                r: APIResponse | Response | None  # an API response here, a page's below
                 r = ctx.request.get(f"{u}/groups")
                 assert r.status == 401 and "Token required" in r.text()
                 assert r.headers["www-authenticate"].startswith("Basic")

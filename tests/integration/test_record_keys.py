@@ -53,7 +53,8 @@ def _dead_letters(bs: str, dlq: str, partitions: int) -> int:
 
 
 def _produce_plain(bs: str, topic: str, values: list[bytes],
-                   headers: list[tuple[str, bytes]] | None = None) -> dict[bytes, str]:
+                   headers: list[tuple[str, str | bytes | None]] | None = None
+                   ) -> dict[bytes, str]:
     """A plain confluent-kafka producer, as a new user writes one: value -> where it landed
     (``topic/partition/offset``, from the broker's delivery reports)."""
     landed: dict[bytes, str] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
@@ -127,7 +127,8 @@ def test_avro_json_and_protobuf_records_are_decoded_for_the_handler(
             prefix = {t_avro: "a", t_json: "j", t_proto: "p"}[topic]
             assert got == {"id": f"{prefix}{i}", "qty": i}, (topic, got)
     again = seen[(retry_me, 2)]
-    assert again.topic.startswith(f"{t_avro}.retry.") and again.value == {"id": "a1", "qty": 1}
+    assert again.topic.startswith(f"{t_avro}.retry.") and cast(object, again.value) == {
+        "id": "a1", "qty": 1}  # decoded: not bytes
     assert set(contexts) == {t_avro, t_json, t_proto}  # never a tier's name
     # the tier holds the record as read, and nothing was dead-lettered
     tier = [v for k, v, _h in read_all(bs, again.topic, 5) if k == retry_me]
@@ -275,7 +276,7 @@ def test_an_async_handler_gets_the_clients_async_deserializer(
               for i in range(3)]
 
     async def build() -> Any:  # made on the caller's loop, awaited on the worker's
-        return await AsyncAvroDeserializer(  # type: ignore[misc]
+        return await AsyncAvroDeserializer(
             AsyncSchemaRegistryClient({"url": schema_registry.url}))
 
     w = Worker(topics=[topic], group_id=unique("g"), bootstrap_servers=bs,
@@ -290,5 +291,5 @@ def test_an_async_handler_gets_the_clients_async_deserializer(
 
     with running(w):
         wait_for(lambda: sum(ledger.keys().values()) == 3, 60, "3 records")
-    assert sorted((m.value["id"], m.raw_value) for m in ledger.seen) == [
+    assert sorted((cast("dict[str, Any]", m.value)["id"], m.raw_value) for m in ledger.seen) == [
         (f"x{i}", values[i]) for i in range(3)]

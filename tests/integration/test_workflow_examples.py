@@ -103,7 +103,7 @@ def test_bad_records_reach_the_dlq_with_their_reason(kafka_broker: Broker,
         record(ActivityRecord("nodoc", "download", "pipeline", "other-version")),
     ]
     for key, value, headers in bad:
-        produce(bs, name, [(key, value)], headers=list(headers))  # type: ignore[arg-type]
+        produce(bs, name, [(key, value)], headers=list(headers))
     t = threading.Thread(target=engine.run, args=(worker,),
                                        kwargs={"install_signals": False}, daemon=True)
     t.start()
