@@ -61,7 +61,8 @@ def test_canary_summing_over_replicas_would_scale_on_its_own_output() -> None:
     same = samples(("a", 0, 1000), ("b", 0, 1000), ("c", 0, 1000))
     assert desired_share_replicas(PER_REPLICA, same, 3, 1, 200).replicas == 10
     wrong = sum(s.backlog for s in same)
-    assert -(-wrong // 100) == 30 != 10  # type: ignore[comparison-overlap]  # on purpose
+    # "!= 10" compares two constants on purpose: the wrong query's answer beside the right one
+    assert -(-wrong // 100) == 30 != 10  # type: ignore[comparison-overlap]
 
 
 def test_canary_a_max_over_replicas_scales_on_a_stale_view() -> None:
@@ -72,7 +73,8 @@ def test_canary_a_max_over_replicas_scales_on_a_stale_view() -> None:
     stale = samples(("a", 0, 0), ("b", 0, 0), ("c", 0, 5000))
     assert desired_share_replicas(PER_REPLICA, stale, 3, 1, 200).replicas == 1
     worst = max(s.backlog for s in stale)
-    assert -(-worst // 100) == 50 != 1  # type: ignore[comparison-overlap]  # on purpose
+    # "!= 1" compares two constants on purpose: max's answer beside min's
+    assert -(-worst // 100) == 50 != 1  # type: ignore[comparison-overlap]
 
 
 def test_bounds_activation_and_tolerance() -> None:
