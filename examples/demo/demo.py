@@ -52,6 +52,7 @@ from kworkers import settings
 from kworkers.dlq.redrive import redrive
 from kworkers.errors import ConfigError
 from kworkers.kafka.admin import admin_client, create_topics
+from kworkers.kafka.consumer import headers_of
 from kworkers.kafka.settings import ClientSettings
 from kworkers.testing.broker import broker_from_env
 from kworkers.testing.checker import committed, read_log, record_key
@@ -59,7 +60,7 @@ from kworkers.topic_plan import TopicSpec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from charge_worker import RETRY, TIERS  # noqa: E402  (the demo's own worker module)
+from charge_worker import RETRY, TIERS  # type: ignore[import-not-found]  # noqa: E402  (the demo's own worker module, beside it)
 
 PARTITIONS = 6
 
@@ -362,8 +363,7 @@ class DlqKeys:
         for m in self._c.consume(500, 0.05):
             if m.error() is None:
                 self.records += 1
-                hs = tuple((k, v or b"") for k, v in m.headers() or [])
-                self.keys.add(record_key(hs, m.value()))
+                self.keys.add(record_key(headers_of(m.headers() or []), m.value()))
 
     def close(self) -> None:
         self._c.close()
