@@ -135,6 +135,7 @@ class Worker:
                 value_deserializer, key_deserializer, backoff=decode_backoff,
                 on_failure=lambda field, kind: failures.labels(group, field, kind).inc(),
                 on_waiting=lambda n: waiting.labels(group).set(n))
+            waiting.labels(group).set(0)  # shown from the first scrape
         self._idempotency = idempotency
         self._rate_store = rate_store
         self._rate_key = rate_key
@@ -292,12 +293,20 @@ class Worker:
             self._decoder, self._transactions, self._buckets, self._rate_key,
             self._hold))
         self._loops = assembly.loops
+        if self._decoder is not None:  # this run's readiness names a registry outage
+            self._decoder.on_outage = self._registry_outage
         with contextlib.ExitStack() as hooks:
             for hook in self._run_hooks:
                 hooks.enter_context(hook(self))
             assembly.run(self._stopping, self.stop, install_signals)
         if self.supervisor.fault is not None:
             raise WorkerFailed(f"worker {self.config.group_id} stopped: {self.supervisor.fault}")
+
+    def _registry_outage(self, why: str | None) -> None:
+        if why is None:
+            self.supervisor.recover("schema registry")
+        else:
+            self.supervisor.degrade("schema registry", why)
 
     def _on_fault(self, fault: Fault) -> None:
         self.metrics.worker_healthy.set(0)

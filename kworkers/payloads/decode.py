@@ -24,8 +24,17 @@ What a failure means (``kworkers.payloads.failures``):
   record stays uncommitted: the next owner reads it again). ``waiting()`` names the partitions
   that wait for the registry (the stall detector's ``Hold.REGISTRY``).
 
+A registry that accepts and never answers is bounded here, not by the user's client
+(``kworkers.payloads.bound``): a confluent-kafka client with no timeout of its own gets
+``DecodeBackoff.timeout`` as its HTTP timeout (its answer is then a transient failure), an
+async deserializer is awaited at most that long, and any call still unanswered past it (a
+deserializer kworkers cannot bound) makes its partition wait for the registry while it lasts:
+the call cannot be interrupted, but it is no longer taken for a stall.
+
 Both kinds are counted (``kworkers_payload_decode_failures_total{field,kind}``), the waiting
-partitions shown (``kworkers_payload_waiting_partitions``).
+partitions shown (``kworkers_payload_waiting_partitions``); an outage is one log line when the
+first partition starts waiting and one when the last stops, and ``on_outage`` (readiness) is
+told the reason, then None.
 
 Async handlers: an awaitable answer (confluent-kafka's ``AsyncAvroDeserializer`` and friends)
 is awaited; a synchronous deserializer runs in a worker thread so it never blocks the loop.
@@ -35,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -44,12 +55,17 @@ from typing import Any
 from kworkers.consumer.ports import TP
 from kworkers.errors import ConfigError, NonRetryableError
 from kworkers.message import Message
+from kworkers.payloads.bound import bound_client, quiet_request_log
 from kworkers.payloads.failures import PayloadFailure, failure_of
 from kworkers.payloads.serde import Deserializer, Field, check_callable, context
 from kworkers.topic_names import source_topic_of
 
 #: the error type a record that cannot be decoded is dead-lettered with
 DESERIALIZATION_ERROR = "DeserializationError"
+#: how long one try may go unanswered before the registry counts as not answering (seconds)
+DECODE_TIMEOUT_S = 10.0
+
+log = logging.getLogger("kworkers.payloads")
 
 
 class PayloadError(NonRetryableError):
@@ -67,15 +83,19 @@ class PayloadError(NonRetryableError):
 @dataclass(frozen=True)
 class DecodeBackoff:
     """How a record waits for a registry that does not answer: ``initial`` seconds, doubled
-    after each failed try up to ``max``."""
+    after each failed try up to ``max``. ``timeout``: how long one try may go unanswered
+    before it counts as such a registry (the bound kworkers puts on a decode)."""
 
     initial: float = 0.2
     max: float = 10.0
+    timeout: float = DECODE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 < self.initial <= self.max:
             raise ConfigError(f"decode backoff: need 0 < initial <= max, got {self.initial}, "
                               f"{self.max}")
+        if not self.timeout > 0:
+            raise ConfigError(f"decode backoff: need timeout > 0, got {self.timeout}")
 
     def delay(self, tries: int) -> float:
         return float(min(self.max, self.initial * 2.0 ** max(0, tries - 1)))
@@ -92,7 +112,9 @@ class RecordDecoder:
                  backoff: DecodeBackoff | None = None,
                  on_failure: Callable[[Field, str], None] | None = None,
                  on_waiting: Callable[[int], None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 on_outage: Callable[[str | None], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         check_callable(value, "value_deserializer")
         check_callable(key, "key_deserializer")
         if value is None and key is None:
@@ -100,16 +122,42 @@ class RecordDecoder:
         self.value = value
         self.key = key
         self.backoff = backoff or DecodeBackoff()
+        for fn in (value, key):
+            self._bound(fn)
+        quiet_request_log()
         self._on_failure = on_failure or (lambda _f, _k: None)
         self._on_waiting = on_waiting or (lambda _n: None)
+        #: told why records wait when an outage begins, None when it ends (readiness)
+        self.on_outage = on_outage or (lambda _why: None)
         self._sleep = sleep
+        self._clock = clock
         self._lock = threading.Lock()
+        #: partitions between tries (or in a retry) after a transient failure
         self._waiting: dict[TP, int] = {}
+        #: first tries under way: token -> (partition, start); written without the lock
+        #: (single dict operations), copied whole by ``waiting``
+        self._calls: dict[int, tuple[TP, float]] = {}
+        self._tokens = itertools.count()
+        #: partitions whose first try is unanswered past the bound, as last seen
+        self._overrun: frozenset[TP] = frozenset()
+        #: what was last published: the waiting partitions, since when, and why
+        self._shown: frozenset[TP] = frozenset()
+        self._outage_since = 0.0
+        self._why = ""
 
     def waiting(self) -> set[TP]:
-        """The partitions whose next record waits for the registry now."""
+        """The partitions whose next record waits for the registry now: after a transient
+        failure, or with a try unanswered past ``backoff.timeout``. Publishes a change (the
+        gauge, the outage's log lines, ``on_outage``): the poll thread calls it twice a
+        second, which is how an unanswered call is noticed."""
+        now = self._clock()
+        late = frozenset(tp for tp, started in self._calls.copy().values()
+                         if now - started >= self.backoff.timeout)
         with self._lock:
-            return set(self._waiting)
+            if late - self._overrun:
+                self._why = f"no answer within {self.backoff.timeout:g}s"
+            self._overrun = late
+        return set(self._publish())
 
     def _wait(self, tp: TP, delta: int) -> None:
         with self._lock:
@@ -118,8 +166,30 @@ class RecordDecoder:
                 self._waiting[tp] = n
             else:
                 self._waiting.pop(tp, None)
-            count = len(self._waiting)
-        self._on_waiting(count)
+        self._publish()
+
+    def _publish(self) -> frozenset[TP]:
+        """The waiting partitions now; the gauge and, at an outage's start or end, one log
+        line and ``on_outage``."""
+        with self._lock:
+            now = frozenset(self._waiting) | self._overrun
+            was, self._shown = self._shown, now
+            why = self._why
+            began = bool(now) and not was
+            if began:
+                self._outage_since = self._clock()
+            lasted = self._clock() - self._outage_since
+        if len(now) != len(was):
+            self._on_waiting(len(now))
+        if began:
+            log.warning("records wait for the schema registry (%s): %d partition(s) hold "
+                        "their next record until it answers", why, len(now))
+            self.on_outage(f"records of {len(now)} partition(s) wait for it: {why}")
+        elif was and not now:
+            log.warning("the schema registry answers again after %.0fs: the waiting "
+                        "partitions resume", lasted)
+            self.on_outage(None)
+        return now
 
     # -- one try -------------------------------------------------------------------------------
 
@@ -145,7 +215,10 @@ class RecordDecoder:
             raise exc  # a deserializer wired wrong: no record is at fault
         f = failure_of(exc, self._raw(msg, field))
         self._on_failure(field, f.kind)
-        return PayloadError(field, f) if f.kind == "permanent" else None
+        if f.kind == "permanent":
+            return PayloadError(field, f)
+        self._why = f"{f.error_type}: {f.reason}"  # a plain store: the latest reason wins
+        return None
 
     def _once(self, msg: Message) -> Message | PayloadError | None:
         """Decoded, condemned (permanent), or None (transient)."""
@@ -170,8 +243,8 @@ class RecordDecoder:
             ctx = context(topic, field, msg.headers)
             raw = self._raw(msg, field)
             try:
-                if _is_async_call(fn):
-                    out = await fn(raw, ctx)
+                if _is_async_call(fn):  # cancellable: awaited at most the bound
+                    out = await asyncio.wait_for(fn(raw, ctx), self.backoff.timeout)
                 else:
                     out = await asyncio.to_thread(fn, raw, ctx)
                     if inspect.isawaitable(out):
@@ -187,11 +260,15 @@ class RecordDecoder:
         """The record decoded, its ``PayloadError``, or ``ABANDONED`` (None) when ``halted``
         turned true while it waited for the registry. Blocks while the registry is down."""
         tries = 0
-        result = self._once(msg)
-        if result is not None:
-            return result
         tp = (msg.topic, msg.partition)
-        self._wait(tp, 1)
+        token = self._begin(tp)
+        try:
+            result = self._once(msg)
+            if result is not None:
+                return result
+            self._wait(tp, 1)  # before the first try's end: no moment shows no wait
+        finally:
+            self._end(token)
         try:
             while True:
                 tries += 1
@@ -202,6 +279,19 @@ class RecordDecoder:
                     return result
         finally:
             self._wait(tp, -1)
+
+    def _bound(self, fn: Deserializer | None) -> None:
+        """A recognised registry client with no timeout gets the bound (``payloads.bound``)."""
+        bound_client(fn, self.backoff.timeout)
+
+    def _begin(self, tp: TP) -> int:
+        """Watch a first try (``waiting`` tells one unanswered past the bound)."""
+        token = next(self._tokens)
+        self._calls[token] = (tp, self._clock())
+        return token
+
+    def _end(self, token: int) -> None:
+        self._calls.pop(token, None)
 
     def _sleep_unless(self, halted: Callable[[], bool], seconds: float) -> bool:
         """Sleep ``seconds`` in short steps; True as soon as ``halted`` says so."""
@@ -217,11 +307,15 @@ class RecordDecoder:
                       halted: Callable[[], bool]) -> Message | PayloadError | None:
         """``decode`` for the event loop: awaits, never blocks it."""
         tries = 0
-        result = await self._aonce(msg)
-        if result is not None:
-            return result
         tp = (msg.topic, msg.partition)
-        self._wait(tp, 1)
+        token = self._begin(tp)
+        try:
+            result = await self._aonce(msg)
+            if result is not None:
+                return result
+            self._wait(tp, 1)
+        finally:
+            self._end(token)
         try:
             while True:
                 tries += 1

@@ -180,12 +180,17 @@ class ShareProcessor:
         breaker = self.runner.breaker
         hold = (Hold.DRAINING if self._draining else
                 Hold.BREAKER if breaker is not None and not breaker.would_admit() else None)
-        pacer = self.runner.pacer
+        pacer, decoder = self.runner.pacer, self.runner.decoder
         paced = pacer.waiting() if pacer is not None else frozenset()
+        registry = decoder.waiting() if decoder is not None else frozenset()
+
+        def hold_of(tp: TP) -> Hold | None:
+            return (hold if hold is not None else Hold.REGISTRY if tp in registry
+                    else Hold.RATE_LIMIT if tp in paced else None)
+
         self.stall_views = tuple(
             PartitionView(tp, ps.progress_at, tp in calling or ps.handoffs > 0,
-                          hold if hold is not None or tp not in paced else Hold.RATE_LIMIT,
-                          held.get(tp, 0), None)
+                          hold_of(tp), held.get(tp, 0), None)
             for tp, ps in list(self.parts.items()))
 
     def _drain(self) -> None:
