@@ -108,6 +108,12 @@ class Breaker:
             return self.clock.monotonic() >= self._reopen_at
         return self.state is State.CLOSED or not self._probe_out
 
+    def cooldown_ends(self) -> float | None:
+        """While open: when the cool-down ends and a probe may start (monotonic), the end of
+        the hold it puts on every partition (``stall.overdue``: a breaker still open well past
+        it never half-opened); None otherwise."""
+        return self._reopen_at if self.state is State.OPEN else None
+
     def record(self, outcome: bool | None) -> None:
         """After a record: True = succeeded, False = retryable failure, None = neither counts
         (a non-retryable failure: bad input says nothing about the dependency)."""

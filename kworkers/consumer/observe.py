@@ -5,9 +5,10 @@ changing it, and kept out of the loop so the loop reads as what it does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from typing import Protocol
 
+from kworkers.clock import Clock
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort
 from kworkers.consumer.stall import Hold, PartitionView
@@ -38,25 +39,45 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
                 draining: bool, breaker_open: bool,
                 registry: Set[TP] = frozenset(),
                 fenced: bool = False,
-                rate_limited: Set[TP] = frozenset()) -> tuple[PartitionView, ...]:
+                rate_limited: Set[TP] = frozenset(), *,
+                clock: Clock | None = None,
+                breaker_ends: float | None = None,
+                asked: Mapping[TP, float] | None = None,
+                leases: Mapping[TP, float] | None = None) -> tuple[PartitionView, ...]:
     """The partitions as the stall watch needs them (``kworkers.consumer.stall``).
     ``registry``: the partitions whose next record waits for the schema registry;
-    ``rate_limited``: those whose next record waits for a rate-limit token."""
+    ``rate_limited``: those whose next record waits for a rate-limit token; ``leases``: those
+    whose next record waits for another attempt's lease on its key, with the lease's end.
+
+    Each hold comes with the time it should be over by, where one is known (``hold_ends``,
+    monotonic; ``clock`` converts the gate's due times): the earliest waiting tier record's due
+    time (the gate's own account of what it admitted and released), the breaker's end of
+    cool-down (``breaker_ends``), the moment a rate-limited record last asked for a token
+    (``asked``: a waiter asks every few milliseconds and takes a token as soon as there is
+    one), the lease's expiry. ``stall.overdue`` judges them."""
     common = (Hold.DRAINING if draining else Hold.FENCED if fenced else
               Hold.BREAKER if breaker_open else None)
+    common_ends = breaker_ends if common is Hold.BREAKER else None
+    mono = clock.monotonic() if clock is not None else 0.0
+    wall = clock.now() if clock is not None else 0.0
     views = []
     for ps in list(parts):
-        hold = common
+        hold, ends = common, common_ends
         if hold is None and gate is not None and gate.held(ps):
             hold = Hold.NOT_DUE
+            due = gate.earliest_due(ps) if clock is not None else None
+            ends = None if due is None else mono - (wall - due)
         if hold is None and ps.tp in registry:
             hold = Hold.REGISTRY
         if hold is None and ps.tp in rate_limited:
             hold = Hold.RATE_LIMIT
+            ends = None if asked is None else asked.get(ps.tp)
+        if hold is None and leases is not None and ps.tp in leases:
+            hold, ends = Hold.LEASE, leases[ps.tp]
         tr = ps.tracker
         pos = tr.position if tr.position is not None else tr.committed
         views.append(PartitionView(ps.tp, ps.progress_at, ps.tp in calling or ps.handoffs > 0,
-                                   hold, tr.window, pos))
+                                   hold, tr.window, pos, ends))
     return tuple(views)
 
 

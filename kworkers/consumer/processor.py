@@ -227,12 +227,14 @@ class Processor:
             observe.report_lag(self.parts.values(), self.consumer, self.metrics.lag, self.group)
         if now - self._last_views >= VIEWS_INTERVAL_S:
             self._last_views = now
-            decoder, pacer = self.runner.decoder, self.runner.pacer
+            decoder, pacer, breaker = self.runner.decoder, self.runner.pacer, self.runner.breaker
             self.stall_views = observe.stall_views(
                 self.parts.values(), self.runner.runtime.calling(), self.gate,
                 self._draining, self._breaker_was_open,
                 decoder.waiting() if decoder is not None else frozenset(), self._fenced,
-                pacer.waiting() if pacer is not None else frozenset())
+                pacer.waiting() if pacer is not None else frozenset(), clock=self.clock,
+                breaker_ends=breaker.cooldown_ends() if breaker is not None else None,
+                asked=pacer.asked() if pacer is not None else None)
         self._commits(now)
 
     @property

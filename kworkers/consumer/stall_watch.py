@@ -88,7 +88,9 @@ class StallWatch:
         markers, see ``Processor``), else the group's committed offset, else the log start
         (``auto.offset.reset=earliest``, taken as 0 here: an over-estimate only for a log whose
         start was deleted, which a committed offset then corrects). None where the broker did
-        not answer, or no source is set."""
+        not answer, or no source is set. Only for candidates holding no records of their own:
+        the others are judged by what they hold, whatever the broker says."""
+        cands = [v for v in cands if v.held <= 0]
         if not cands or self.source is None:
             return {}
         his = self.source.latest([v.tp for v in cands], QUERY_TIMEOUT_S)

@@ -110,6 +110,11 @@ class Pacer(Protocol):
         """The partitions whose next record waits for a token (a hold, not a stall)."""
         ...
 
+    def asked(self) -> dict[TP, float]:
+        """When a waiting record of each of those partitions last asked for a token
+        (monotonic): a wait that stopped asking is no longer a hold (``stall.overdue``)."""
+        ...
+
 
 class Wait:
     """Asked of the runtime by a batch runner filling a batch: pause a moment (sleep or await)."""

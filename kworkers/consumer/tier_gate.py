@@ -18,12 +18,17 @@ in practice about ``capacity`` plus one poll. The ``DelayBuffer`` is sized to th
 (``resize`` follows the assignment); reaching it would mean the invariant broke, and its
 ``BufferError`` then stops the retry loop loudly (the worker turns unhealthy), never silently.
 
-Per partition the gate counts what it holds (``held``): a tier partition whose records wait for
-their due time is held on purpose, which the stall detector must not take for a stall.
+Per partition the gate keeps the due times of what it holds (``held``, ``earliest_due``): a
+tier partition whose records wait for their due time is held on purpose, which the stall
+detector must not take for a stall, but only until its earliest record is due: one still held
+well past that (a timer that never fires) is a stall (``stall.overdue``). The dues are kept
+apart from the heap, from what was admitted and released, so a heap that never gives a record
+back is seen.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -70,8 +75,9 @@ class TierGate:
         #: what backpressure splits into the tier partitions' shares
         self.capacity = capacity
         self.buffer: DelayBuffer[tuple[PartitionState, Message]] = DelayBuffer(2 * capacity)
-        #: records in the heap per partition state (by identity: a reassignment is another)
-        self._held: dict[PartitionState, int] = {}
+        #: due times of the records in the heap, per partition state (a heap each; by
+        #: identity: a reassignment is another)
+        self._dues: dict[PartitionState, list[float]] = {}
         #: what a tier record must satisfy to run (the router's own ``rules``)
         self.rules = rules
         #: another group's records completed unrun since the processor last took the count
@@ -88,7 +94,13 @@ class TierGate:
 
     def held(self, ps: PartitionState) -> int:
         """How many of ``ps``'s records wait in the heap for their due time."""
-        return self._held.get(ps, 0)
+        return len(self._dues.get(ps, ()))
+
+    def earliest_due(self, ps: PartitionState) -> float | None:
+        """When the earliest of ``ps``'s waiting records is due (epoch seconds); None: none
+        waits."""
+        dues = self._dues.get(ps)
+        return dues[0] if dues else None
 
     def admit(self, ps: PartitionState, m: Message, now: float) -> Item | None:
         """The item to run now, or None when ``m`` waits in the heap until due (or is another
@@ -113,7 +125,7 @@ class TierGate:
         due = info.due_at
         if due is not None and due > now:
             self.buffer.push(due, (ps, m))
-            self._held[ps] = self._held.get(ps, 0) + 1
+            heapq.heappush(self._dues.setdefault(ps, []), due)
             return None
         if due is not None:
             self.lateness.observe(max(0.0, now - due))
@@ -132,13 +144,13 @@ class TierGate:
             return []
         now = self.clock.now()
         out: list[tuple[PartitionState, Message]] = []
-        held = self._held
+        dues = self._dues
         for ps, m in self.buffer.pop_due(now):
-            left = held.get(ps, 1) - 1
-            if left > 0:
-                held[ps] = left
-            else:
-                held.pop(ps, None)
+            mine = dues.get(ps)
+            if mine:
+                heapq.heappop(mine)  # the heap gives a partition's records in due order
+                if not mine:
+                    del dues[ps]
             if parts.get(ps.tp) is not ps:
                 continue
             d = due_at_of(m.headers)
@@ -160,4 +172,4 @@ class TierGate:
         if gone:
             self.buffer.drop(lambda item: id(item[0]) in gone)
             for ps in states:
-                self._held.pop(ps, None)
+                self._dues.pop(ps, None)

@@ -19,7 +19,10 @@ Waiting: a record with no token waits where it is, in its lane: its runner sleep
 awaits (the event loop) until the bucket has one, never the poll thread; its lane does not
 move, so the partition fills its share of ``max_in_flight`` and backpressure pauses it. A
 revoke, a stop or a fenced member ends the wait (the record was not started: nothing to undo).
-``waiting()`` names the partitions held this way (the stall detector's ``Hold.RATE_LIMIT``).
+``waiting()`` names the partitions held this way (the stall detector's ``Hold.RATE_LIMIT``),
+``asked()`` when each last asked for a token: a waiting record looks at its block at least
+every ``CHECK_S`` and takes a token as soon as there is one, so a wait with tokens to take is a
+waiter that stopped asking, and once that lasts the stall bound it is a stall, not a hold.
 
 The store unreachable: nothing starts (the limit fails closed: a replica cannot know how many
 others run, so any local guess could break the pool's quota); the records wait, uncommitted,
@@ -130,6 +133,8 @@ class Pacer:
         self._lock = threading.Lock()
         self._blocks: dict[str, _Block] = {}
         self._waiting: dict[TP, int] = {}
+        #: when a record of each waiting partition last asked for a token (monotonic)
+        self._asked: dict[TP, float] = {}
         self._logged_at = float("-inf")
 
     # ------------------------------------------------------------------ names
@@ -159,6 +164,12 @@ class Pacer:
         """The partitions whose next record waits for a token now."""
         with self._lock:
             return set(self._waiting)
+
+    def asked(self) -> dict[TP, float]:
+        """When a waiting record of each partition last asked for a token (monotonic): the
+        end of the hold its wait claims (``stall.overdue``)."""
+        with self._lock:
+            return dict(self._asked)
 
     def acquire(self, tp: TP, name: str, want: int,
                 halted: Callable[[], bool]) -> Allotment | None:
@@ -208,6 +219,7 @@ class Pacer:
                     continue
                 if since is None:
                     since = self._begin_wait(tp)
+                self._asked[tp] = self.clock.monotonic()  # one store, under the GIL
                 if halted():
                     return None
                 assert isinstance(step, float)
@@ -312,6 +324,7 @@ class Pacer:
                 self._waiting[tp] = left
             else:
                 self._waiting.pop(tp, None)
+                self._asked.pop(tp, None)
             n = sum(self._waiting.values())
         self._on_waiting(n)
         self._on_wait(self.clock.monotonic() - since)
