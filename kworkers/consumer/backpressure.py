@@ -39,6 +39,28 @@ read-ahead. A hold is bounded (``Load.may_hold`` goes false after a while; the l
 callbacks wait while it lasts), after which they are paused as before, and it ends at the
 same resume mark a pause does; any open partition that wants records turns every hold into a
 pause, because the next poll would hand the held ones more.
+
+Bytes as well as records (issue #45): a record of 500 KB costs what 1,000 small ones do, so a
+bound in records alone is a bound in memory only for small records. Each partition also has a
+byte share, an even split of ``max_bytes`` (what its window holds:
+``OffsetTracker.window_bytes``, keys, values and what a record costs beyond them), and stops
+at either share, resuming only below half of both. A poll cannot be sized in bytes (the client
+hands out records), so the byte bound is kept another way: while the loop holds ``max_bytes``
+or more (``over``) it takes nothing at all (every open partition stops, held or paused as
+above) and no paused partition resumes. Bytes grow only through a poll, and every poll starts
+below ``max_bytes``: so a loop holds at most ``max_bytes`` plus one poll, whatever the number
+of partitions, and one poll is at most what the client had queued (``queued.max.messages.kbytes``
+plus a fetch per broker, which kworkers sizes from ``max_bytes``: ``kworkers.memory``). The
+next poll's size in records is cut to the room left over the last poll's record size
+(``poll_size``), so in practice a loop stops about at ``max_bytes``.
+
+Liveness with bytes: a partition holding nothing is open whatever its byte share (a share
+smaller than one record still takes that record, which then runs alone: the partition stops
+at once and resumes when it is done); the loop-wide stop holds every partition only while the
+partitions over their shares drain, and ends the step the total falls below ``max_bytes``
+(no hysteresis there: a stop kept down to a mark would let one slow partition over its share
+keep the others waiting longer). A partition stopped by the loop-wide stop holding nothing of
+its own waits on purpose: the stall detector sees it as held (``Hold.MEMORY``), not stalled.
 """
 
 from __future__ import annotations
@@ -56,6 +78,8 @@ class Limits:
     per_partition: int
     #: capacity of the retry loop's timer heap (None: no heap)
     buffer_capacity: int | None = None
+    #: bytes the loop may hold (``OffsetTracker.window_bytes`` summed; None: no byte bound)
+    max_bytes: int | None = None
 
     def share(self, partitions: int) -> int:
         """What one of ``partitions`` assigned partitions may hold before it is paused."""
@@ -71,6 +95,17 @@ class Limits:
             return self.max_in_flight
         return min(self.max_in_flight, self.buffer_capacity)
 
+    def byte_share(self, partitions: int) -> int | None:
+        """The bytes one of ``partitions`` assigned partitions may hold before it stops
+        (None: no byte bound); at least one byte, so a partition holding nothing is open."""
+        if self.max_bytes is None:
+            return None
+        return max(1, self.max_bytes // max(1, partitions))
+
+    def over(self, total_bytes: int) -> bool:
+        """The loop holds its byte bound or more: it takes nothing until it holds less."""
+        return self.max_bytes is not None and total_bytes >= self.max_bytes
+
 
 class PartitionLoad(NamedTuple):
     tp: TP
@@ -81,6 +116,8 @@ class PartitionLoad(NamedTuple):
     paused: bool
     #: taking nothing more without a pause in the client (the hold above)
     held: bool = False
+    #: the bytes of those records (``OffsetTracker.window_bytes``)
+    bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +145,10 @@ class Decision:
     share: int
     #: the partitions held after this decision (none of them in ``pause``)
     held: tuple[TP, ...] = ()
+    #: bytes held, summed over the partitions
+    bytes: int = 0
+    #: the loop holds its byte bound: nothing is taken, nothing resumed (``Limits.over``)
+    over: bool = False
 
 
 def resume_mark(share: int) -> int:
@@ -115,22 +156,48 @@ def resume_mark(share: int) -> int:
     return share // 2
 
 
+class Marks(NamedTuple):
+    """One assignment's shares and resume marks, in records and in bytes."""
+
+    share: int
+    low: int
+    byte_share: int | None
+    byte_low: int | None
+
+    @classmethod
+    def of(cls, limits: Limits, partitions: int) -> Marks:
+        share, byte_share = limits.share(partitions), limits.byte_share(partitions)
+        return cls(share, resume_mark(share), byte_share,
+                   None if byte_share is None else resume_mark(byte_share))
+
+    def full(self, in_flight: int, nbytes: int) -> bool:
+        """At either share: the partition takes nothing more."""
+        return in_flight >= self.share or (self.byte_share is not None
+                                           and nbytes >= self.byte_share)
+
+    def down(self, in_flight: int, nbytes: int) -> bool:
+        """At or under both resume marks: a stopped partition may take records again."""
+        return in_flight <= self.low and (self.byte_low is None or nbytes <= self.byte_low)
+
+
 def decide(limits: Limits, load: Load) -> Decision:
     total = sum(p.in_flight for p in load.parts)
-    share = limits.share(len(load.parts))
+    total_bytes = sum(p.bytes for p in load.parts)
+    marks = Marks.of(limits, len(load.parts))
     stop_all = load.draining or load.breaker_open or load.fenced
-    low = resume_mark(share)
+    over = limits.over(total_bytes)
     pause: list[TP] = []
     resume: list[TP] = []
     #: open partitions that must take nothing more: held, or paused below
     stopping: list[TP] = []
     for p in load.parts:
         if p.paused:
-            if not stop_all and p.in_flight <= low:
+            if not stop_all and not over and marks.down(p.in_flight, p.bytes):
                 resume.append(p.tp)
         elif stop_all:
             pause.append(p.tp)
-        elif p.in_flight >= share or (p.held and p.in_flight > low):
+        elif over or marks.full(p.in_flight, p.bytes) or (
+                p.held and not marks.down(p.in_flight, p.bytes)):
             stopping.append(p.tp)
     held: tuple[TP, ...] = ()
     if stopping:
@@ -138,7 +205,7 @@ def decide(limits: Limits, load: Load) -> Decision:
             held = tuple(stopping)
         else:
             pause += stopping
-    return Decision(tuple(pause), tuple(resume), total, share, held)
+    return Decision(tuple(pause), tuple(resume), total, marks.share, held, total_bytes, over)
 
 
 def _may_hold(load: Load, stopping: set[TP], resumed: set[TP]) -> bool:
@@ -151,7 +218,8 @@ def _may_hold(load: Load, stopping: set[TP], resumed: set[TP]) -> bool:
                    if (not p.paused or p.tp in resumed) and p.tp not in stopping)
 
 
-def poll_size(limits: Limits, held: int, batch: int, room: int = 1) -> int:
+def poll_size(limits: Limits, held: int, batch: int, room: int = 1, held_bytes: int = 0,
+              record_bytes: int = 0) -> int:
     """How many records the next poll may take: a full batch while there is room under the
     global bound; past it, ``room``: the least room (share minus what it holds) of any
     partition the poll can hand records to (open: neither paused nor held), at least one.
@@ -159,8 +227,16 @@ def poll_size(limits: Limits, held: int, batch: int, room: int = 1) -> int:
     A poll no larger than every open partition's room cannot carry any of them past its
     share, so it makes no overshoot and is safe at any total (one record was the floor, and a
     tier loop whose heap was full filled its last partitions one record per step: 2,214 steps,
-    at ~150 us each, for a storm's 10,000 tier records read back)."""
-    return max(1, min(batch, max(room, limits.bound() - held)))
+    at ~150 us each, for a storm's 10,000 tier records read back).
+
+    With a byte bound, also no more records than the bytes left under it hold at
+    ``record_bytes`` each (the last poll's record size; 0: not known yet), at least one: not
+    what keeps the bound (a record may be larger than the last ones; ``decide``'s loop-wide
+    stop is), but what keeps a loop of large records from taking a batch far past it."""
+    n = max(1, min(batch, max(room, limits.bound() - held)))
+    if limits.max_bytes is not None and record_bytes > 0:
+        n = min(n, max(1, (limits.max_bytes - held_bytes) // record_bytes))
+    return n
 
 
 def least_room(share: int, open_in_flight: Iterable[int]) -> int:

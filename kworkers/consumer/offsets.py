@@ -5,18 +5,30 @@ order (key lanes, threads, a retry hand-off that takes a while), so the position
 offset still in flight, or one past the last tracked offset when nothing is. Offsets need not be
 contiguous integers (compaction and transaction markers leave gaps): the tracker only knows the
 offsets it was given, in fetch order.
+
+The tracker also counts the bytes of its window (what backpressure bounds in bytes as well as in
+records): each tracked offset may come with a size, and the window's bytes are those of the
+offsets from the lowest incomplete one on, exactly, leaving as their offsets leave. Kept as
+running sums (one per offset, in a list whose head is cut off in bulk), so a completion costs
+no work per record for them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice, repeat
+from collections.abc import Iterable
+from itertools import accumulate, islice, repeat
+
+#: the running sums' list is cut at its head once this many entries left the window (and
+#: they are over half of it): one ``del`` of a slice instead of a pop per record
+_CUT_AT = 4096
 
 
 class OffsetTracker:
     """Per-partition commit position; never moves backwards."""
 
-    __slots__ = ("_committed", "_done", "_last", "_pending", "_position", "_unseen")
+    __slots__ = ("_bytes_in", "_committed", "_cum", "_cut", "_done", "_last", "_pending",
+                 "_position", "_unseen")
 
     def __init__(self) -> None:
         self._pending: deque[int] = deque()  # tracked, in fetch order; head = lowest in flight
@@ -27,26 +39,55 @@ class OffsetTracker:
         #: the consumer handed over records this tracker never saw (fetched during a drain and
         #: given back): the consumer's position no longer vouches for what lies between
         self._unseen = False
+        #: bytes of every offset ever tracked
+        self._bytes_in = 0
+        #: per offset of ``_pending`` (from index ``_cut`` on, in the same order): the bytes
+        #: tracked before it, so the window holds ``_bytes_in`` less its head's entry
+        self._cum: list[int] = []
+        self._cut = 0
 
-    def track(self, offset: int) -> None:
+    def track(self, offset: int, size: int = 0) -> None:
         """Registers a fetched offset as in flight. Offsets must arrive in increasing order."""
         if offset <= self._last:
             raise ValueError(f"offset {offset} tracked after {self._last}: fetch order broken")
         self._last = offset
         self._pending.append(offset)
+        self._cum.append(self._bytes_in)
+        self._bytes_in += size
 
-    def track_many(self, offsets: list[int]) -> list[int]:
-        """Tracks a fetched batch (increasing offsets); returns those newly tracked (offsets at
+    def track_many(self, offsets: list[int], sizes: Iterable[int] | None = None) -> list[int]:
+        """Tracks a fetched batch (increasing offsets), each with its size in bytes when
+        ``sizes`` are given (in the same order); returns the offsets newly tracked (offsets at
         or below the last tracked one are a refetch and are left out)."""
         if not offsets:
             return offsets
         if offsets[0] <= self._last:
-            offsets = [o for o in offsets if o > self._last]
+            last = self._last
+            kept = [(o, s) for o, s in zip(offsets, repeat(0) if sizes is None else sizes,
+                                          strict=False) if o > last]
+            offsets = [o for o, _s in kept]
+            sizes = [s for _o, s in kept]
             if not offsets:
                 return offsets
         self._last = offsets[-1]
         self._pending.extend(offsets)
+        sums = list(accumulate(repeat(0, len(offsets)) if sizes is None else sizes,
+                               initial=self._bytes_in))
+        self._bytes_in = sums.pop()
+        self._cum.extend(sums)
         return offsets
+
+    def _popped(self, n: int) -> None:
+        """``n`` offsets left the head of the window: so do their running sums."""
+        if not self._pending:
+            self._cum.clear()
+            self._cut = 0
+            return
+        cut = self._cut + n
+        if cut >= _CUT_AT and 2 * cut >= len(self._cum):
+            del self._cum[:cut]
+            cut = 0
+        self._cut = cut
 
     def complete_many(self, offsets: list[int]) -> None:
         pending = self._pending
@@ -61,11 +102,13 @@ class OffsetTracker:
             else:
                 for _ in repeat(None, n):
                     pending.popleft()
+            self._popped(n)
             pos = offsets[-1] + 1
             if self._position is None or pos > self._position:
                 self._position = pos
             return
         pos = -1
+        before = len(pending)
         for offset in offsets:
             if pending and pending[0] == offset:
                 pending.popleft()
@@ -76,6 +119,8 @@ class OffsetTracker:
                     pos = head + 1
             elif pending and pending[0] < offset <= self._last:
                 done.add(offset)
+        if len(pending) != before:
+            self._popped(before - len(pending))
         if pos >= 0 and (self._position is None or pos > self._position):
             self._position = pos
 
@@ -83,6 +128,7 @@ class OffsetTracker:
         """Marks an in-flight offset done (idempotent; unknown offsets are ignored)."""
         pending = self._pending
         if pending and pending[0] == offset:
+            before = len(pending)
             pending.popleft()
             pos = offset + 1
             done = self._done
@@ -90,6 +136,7 @@ class OffsetTracker:
                 head = pending.popleft()
                 done.discard(head)
                 pos = head + 1
+            self._popped(before - len(pending))
             if self._position is None or pos > self._position:
                 self._position = pos
         elif pending and offset > pending[0] and offset <= self._last:
@@ -104,6 +151,13 @@ class OffsetTracker:
         """Offsets held from the lowest incomplete one on, completed or not: what one stuck
         record keeps in memory behind it, and what backpressure bounds."""
         return len(self._pending)
+
+    @property
+    def window_bytes(self) -> int:
+        """The bytes of the window's offsets (as given to ``track``/``track_many``)."""
+        if not self._pending:
+            return 0
+        return self._bytes_in - self._cum[self._cut]
 
     @property
     def position(self) -> int | None:

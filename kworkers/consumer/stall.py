@@ -53,6 +53,9 @@ class Hold(enum.Enum):
     RATE_LIMIT = "rate_limit"
     #: its next record waits for another attempt's lease on its key to end (``activity``)
     LEASE = "lease"
+    #: it holds nothing and waits for its loop to hold less than its byte bound (others'
+    #: records over their shares: ``backpressure``, issue #45)
+    MEMORY = "memory"
 
 
 @dataclass(frozen=True, slots=True)

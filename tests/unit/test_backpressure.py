@@ -4,9 +4,10 @@ hysteresis, the liveness rule (no partition paused for what others hold) and the
 from __future__ import annotations
 
 import random
-from collections.abc import Set
+from collections.abc import Callable, Set
 from typing import TypedDict, Unpack
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -284,3 +285,169 @@ def test_a_hold_never_stands_beside_an_open_partition_that_wants_records(
     for i, (n, _p, h) in enumerate(parts):  # a hold ends at the resume mark
         if h and n <= low and not draining:
             assert ("t", i) not in d.held and ("t", i) not in d.pause
+
+
+# ------------------------------------------------------------------ bytes (issue #45)
+
+BYTES = Limits(max_in_flight=1000, per_partition=1000, max_bytes=6000)
+
+
+def _bload(*parts: tuple[int, int, bool], **kw: Unpack[_Flags]) -> Load:
+    """Partitions as (records, bytes, paused)."""
+    return Load([PartitionLoad(("t", i), n, p, False, b)
+                 for i, (n, b, p) in enumerate(parts)], **kw)
+
+
+def test_a_partition_stops_at_its_byte_share_and_resumes_below_half_of_both() -> None:
+    assert BYTES.byte_share(3) == 2000 and Limits(10, 10).byte_share(3) is None
+    d = decide(BYTES, _bload((2, 2000, False), (2, 1999, False), (0, 0, False)))
+    assert d.pause == (("t", 0),) and d.bytes == 3999 and not d.over
+    assert decide(BYTES, _bload((2, 1001, True), (0, 0, False), (0, 0, False))).resume == ()
+    assert decide(BYTES, _bload((2, 1000, True), (0, 0, False), (0, 0, False))).resume == (
+        ("t", 0),)
+    # both marks: few bytes but many records is not enough, nor few records of many bytes
+    d = decide(Limits(30, 30, max_bytes=6000), _bload((6, 10, True), (0, 0, False),
+                                                      (0, 0, False)))
+    assert d.resume == ()
+
+
+def test_a_record_larger_than_its_byte_share_is_still_taken_and_then_runs_alone() -> None:
+    """Its partition holds nothing, so it is open whatever its share; once the record is in,
+    the partition takes nothing more until it is done."""
+    d = decide(BYTES, _bload((0, 0, False), (0, 0, False), (0, 0, False)))
+    assert d.pause == () and d.held == ()
+    d = decide(BYTES, _bload((1, 5000, False), (0, 0, False), (0, 0, False)))
+    assert d.pause == (("t", 0),)  # alone: stopped with its one record
+    d = decide(BYTES, _bload((0, 0, True), (0, 0, False), (0, 0, False)))
+    assert d.resume == (("t", 0),)  # done: open again for the next one
+    assert poll_size(BYTES, 0, 500, held_bytes=0, record_bytes=10_000) == 1  # never nothing
+
+
+def test_at_the_loop_byte_bound_nothing_is_taken_and_nothing_resumes() -> None:
+    """A record larger than the whole bound: every partition stops, even one holding nothing
+    (it waits on purpose: ``Hold.MEMORY``), and none resumes until the total is under it."""
+    d = decide(BYTES, _bload((1, 7000, False), (0, 0, False), (0, 0, True)))
+    assert d.over and set(d.pause) == {("t", 0), ("t", 1)} and d.resume == ()
+    d = decide(BYTES, _bload((1, 5999, True), (0, 0, True), (0, 0, True)))
+    assert not d.over and set(d.resume) == {("t", 1), ("t", 2)}  # ends below the bound
+    hold = Load([PartitionLoad(("t", 0), 1, False, False, 7000),
+                 PartitionLoad(("t", 1), 0, False, False, 0)],
+                may_hold=True, wants=lambda _tp: True)
+    assert set(decide(BYTES, hold).held) == {("t", 0), ("t", 1)}  # nobody open: a hold
+
+
+def test_a_poll_is_cut_to_the_bytes_left_at_the_last_record_size() -> None:
+    assert poll_size(BYTES, 0, 500) == 500  # no size known yet
+    assert poll_size(BYTES, 0, 500, held_bytes=1000, record_bytes=100) == 50
+    assert poll_size(BYTES, 0, 500, held_bytes=5990, record_bytes=100) == 1
+    assert poll_size(Limits(1000, 1000), 0, 500, held_bytes=10**9, record_bytes=100) == 500
+
+
+def _mixed(bound: int) -> Callable[[random.Random], int]:
+    """Record sizes: mostly small, now and then one larger than the whole bound."""
+    def size(rnd: random.Random) -> int:
+        if rnd.random() < 0.02:
+            return rnd.randint(bound, 3 * bound)
+        return rnd.randint(1, bound // 20 + 1)
+
+    return size
+
+
+def _simulate_bytes(limits: Limits, n: int, batch: int, steps: int, seed: int,
+                    size: Callable[[random.Random], int], complete_p: float = 0.3,
+                    ) -> tuple[int, int, list[int]]:
+    """The poll loop's admission in bytes: every partition has a backlog of records of random
+    sizes (``size``), each poll hands its records to open
+    partitions in runs, sized by ``poll_size`` from the last poll's record size; completions
+    from each partition's head at random. Returns the most bytes ever held, the largest poll
+    in bytes, and how many records each partition took."""
+    rnd = random.Random(seed)
+    held: list[list[int]] = [[] for _ in range(n)]
+    paused = [False] * n
+    hold = [False] * n
+    took = [0] * n
+    peak = biggest = last_size = 0
+    for _ in range(steps):
+        open_ = [i for i in range(n) if not paused[i] and not hold[i]]
+        total = sum(map(sum, held))
+        k = poll_size(limits, sum(map(len, held)), batch, 1, total, last_size)
+        if open_ and not any(hold):  # a hold: the loop polls nothing
+            got, records = 0, k
+            while k > 0:
+                i = rnd.choice(open_)
+                run = rnd.randint(1, k)
+                sizes = [size(rnd) for _ in range(run)]
+                held[i] += sizes
+                took[i] += run
+                got += sum(sizes)
+                k -= run
+            biggest = max(biggest, got)
+            last_size = got // records
+        peak = max(peak, sum(map(sum, held)))
+        for i in range(n):
+            if held[i] and rnd.random() < complete_p:
+                del held[i][:rnd.randint(0, len(held[i]))]
+        d = decide(limits, Load([PartitionLoad(("t", i), len(held[i]), paused[i], hold[i],
+                                               sum(held[i])) for i in range(n)],
+                                may_hold=rnd.random() < 0.5,
+                                wants=lambda _tp: rnd.random() < 0.5))
+        for _tp, i in d.pause:
+            paused[i] = True
+        for _tp, i in d.resume:
+            paused[i] = False
+        hold = [False] * n
+        for _tp, i in d.held:
+            hold[i] = True
+    return peak, biggest, took
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1_000, 10**6), st.integers(1, 300),
+       st.integers(0, 10**6))
+def test_bytes_held_stay_under_the_bound_plus_one_poll(n: int, bound: int, batch: int,
+                                                       seed: int) -> None:
+    """Whatever the sizes and the number of partitions: at most ``max_bytes`` plus the largest
+    single poll (every poll starts under the bound), and every partition takes records."""
+    limits = Limits(10**6, 10**6, max_bytes=bound)
+    peak, biggest, took = _simulate_bytes(limits, n, batch, 400, seed, _mixed(bound))
+    assert peak <= bound + biggest
+    assert all(took), took  # no partition starves
+
+
+def test_canary_without_the_loop_wide_stop_the_byte_bound_does_not_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above, failing on a rule with byte shares but no loop-wide stop: 40
+    partitions whose records are each twice their share, completed slowly. Each partition
+    holding nothing takes one, so the loop holds about twice its bound; with the stop, the
+    bound and one poll (about one record here)."""
+    limits = Limits(10**6, 10**6, max_bytes=40_000)
+    record = 2 * 1000  # twice each partition's share of 1,000 bytes
+
+    def run() -> list[tuple[int, int, list[int]]]:
+        return [_simulate_bytes(limits, 40, 1, 400, s, lambda _r: record, complete_p=0.05)
+                for s in range(5)]
+
+    assert all(peak <= 40_000 + biggest for peak, biggest, _t in run())
+    monkeypatch.setattr(Limits, "over", lambda _self, _total: False)
+    broken = run()
+    assert all(peak >= 70_000 and biggest == record for peak, biggest, _t in broken), broken
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 9000), st.booleans()),
+                max_size=8),
+       st.booleans(), st.booleans())
+def test_with_bytes_a_partition_holding_nothing_is_never_left_paused(
+        parts: list[tuple[int, int, bool]], draining: bool, breaker: bool) -> None:
+    """The liveness rule, in bytes too: outside a drain, an open breaker or the loop at its
+    byte bound, a paused partition at or under half of both shares is resumed."""
+    parts = [(n, b if n else 0, p) for n, b, p in parts]  # no bytes without records
+    d = decide(BYTES, _bload(*parts, draining=draining, breaker_open=breaker))
+    assert not set(d.pause) & set(d.resume)
+    assert d.over == (sum(b for _n, b, _p in parts) >= 6000)
+    if draining or breaker or d.over:
+        assert d.resume == ()
+    else:
+        low, blow = d.share // 2, (BYTES.byte_share(len(parts)) or 0) // 2
+        left = {("t", i) for i, (n, b, p) in enumerate(parts) if p and n <= low and b <= blow}
+        assert left == set(d.resume)
+        assert {("t", i) for i, (n, _b, p) in enumerate(parts) if p and n == 0} <= set(d.resume)

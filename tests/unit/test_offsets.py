@@ -157,3 +157,61 @@ def test_runs_completed_in_fetch_order_agree_with_one_by_one(
             (one.position, one.in_flight, one.window)
     assert fast >= 1  # the fast path ran at least once (the first run starts at the head)
     assert bulk.position == offsets[-1] + 1
+
+
+# ------------------------------------------------------------------ the window's bytes
+
+def _window_model(tracked: dict[int, int], done: set[int]) -> int:
+    """The bytes of the offsets from the lowest incomplete one on (completed or not)."""
+    pending = sorted(o for o in tracked if o not in done)
+    if not pending:
+        return 0
+    return sum(size for o, size in tracked.items() if o >= pending[0])
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 10**6)), min_size=1, max_size=300),
+       st.randoms(), st.integers(1, 40), st.booleans())
+def test_the_window_bytes_are_exactly_those_of_its_offsets(
+        records: list[tuple[int, int]], rnd: random.Random, chunk: int, bulk: bool) -> None:
+    """Random sizes, fetches in chunks (a refetch among them), completions in any order, one
+    by one or in runs: after every step the window's bytes are the sum over its offsets."""
+    offsets = _offsets([g for g, _s in records])
+    sizes = dict(zip(offsets, (s for _g, s in records), strict=True))
+    t = OffsetTracker()
+    tracked: dict[int, int] = {}
+    done: set[int] = set()
+    order = offsets[:]
+    rnd.shuffle(order)
+    fetched = 0
+    while fetched < len(offsets) or order:
+        if fetched < len(offsets) and (not order or rnd.random() < 0.5):
+            start = max(0, fetched - rnd.randint(0, 3))  # a refetch of the last few at times
+            batch = offsets[start:fetched + chunk]
+            new = t.track_many(batch, [sizes[o] for o in batch])
+            assert new == offsets[fetched:fetched + chunk]
+            tracked.update((o, sizes[o]) for o in new)
+            fetched += len(new)
+        else:
+            ready = [o for o in order if o in tracked][:chunk]
+            if not ready:
+                continue
+            order = [o for o in order if o not in ready]
+            if bulk:
+                t.complete_many(sorted(ready) if rnd.random() < 0.5 else ready)
+            else:
+                for o in ready:
+                    t.complete(o)
+            done.update(ready)
+        assert t.window_bytes == _window_model(tracked, done)
+    assert t.window_bytes == 0 and t.window == 0
+
+
+def test_the_running_sums_are_cut_at_their_head_as_the_window_moves_on() -> None:
+    """A long-lived partition keeps only about its window's sums, not one per record ever."""
+    t = OffsetTracker()
+    for start in range(0, 100_000, 100):
+        t.track_many(list(range(start, start + 100)), [7] * 100)
+        if start >= 1000:  # a window of about 1,000 records, completed from its head
+            t.complete_many(list(range(start - 1000, start - 900)))
+    assert t.window == 1000 and t.window_bytes == 7000
+    assert len(t._cum) < 3 * 4096  # the bound on what the sums keep
