@@ -341,7 +341,7 @@ def runtime(config: WorkerConfig, handler: Handler, supervisor: Supervisor,
         return AsyncRuntime(config.concurrency, supervisor, clock)
     if config.execution == "inline":
         return InlineRuntime(supervisor, clock, config.message_timeout,
-                             config.loop.hung_call_bound())
+                             config.loop.hung_call_bound(), config.loop.slow_call_bound())
     return ThreadRuntime(config.concurrency, supervisor, clock)
 
 

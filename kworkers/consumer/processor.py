@@ -22,6 +22,7 @@ from kworkers.clock import Clock
 from kworkers.consumer import backpressure, observe
 from kworkers.consumer.breaker import State
 from kworkers.consumer.buffered import BufferedHandOffs
+from kworkers.consumer.calls import CallWatch
 from kworkers.consumer.commit import CommitOutcome, Run
 from kworkers.consumer.committer import Committer
 from kworkers.consumer.deadline import DeadlineWatch
@@ -71,8 +72,9 @@ class Processor:
                  transactions: TransactionPort | None = None) -> None:
         self.settings = settings
         self.supervisor = supervisor
-        #: a handler call running this long counts as a hung runner (None: no bound)
-        self.stall_bound = settings.hung_call_bound()
+        #: handler calls running on: unready past one bound, unhealthy past the other
+        self.calls = CallWatch(runner.runtime, supervisor, settings.slow_call_bound(),
+                               settings.hung_call_bound(), clock)
         self.consumer = consumer
         self.topics = list(topics)
         self.runner = runner
@@ -462,12 +464,8 @@ class Processor:
         self._breaker_was_open = is_open
 
     def _supervise(self) -> None:
-        sup = self.supervisor
-        sup.check()
-        if self.stall_bound is not None:
-            stuck = self.runner.runtime.stalled(self.stall_bound)
-            if stuck is not None:
-                sup.fail("handler", f"{stuck} (bound {self.stall_bound:.0f}s)")
+        self.supervisor.check()
+        self.calls.check()
 
     def _backpressure(self) -> None:
         parts = list(self.parts.values())

@@ -24,6 +24,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from kworkers.clock import Clock
+from kworkers.consumer.calls import CallWatch
 from kworkers.consumer.partition import Item, Lane
 from kworkers.consumer.ports import TP
 from kworkers.consumer.runner import current_lane
@@ -45,11 +46,27 @@ log = logging.getLogger("kworkers.runtime")
 class _Call:
     """What one pool thread runs now (read by ``stalled``; written by its own thread only)."""
 
-    __slots__ = ("msg", "started")
+    __slots__ = ("lane", "msg", "started")
 
     def __init__(self) -> None:
         self.msg: Message | None = None
         self.started = 0.0
+        #: the lane of the call (its ``started`` moves with the handler's heartbeats)
+        self.lane: Lane | None = None
+
+
+def _running(name: str, msg: Message, started: float, lane: Lane | None,
+             now: float, bound: float) -> str | None:
+    """A call running ``bound`` s since it started or since its last heartbeat (the lane's
+    ``touch``), described; else None. A heartbeat says the handler is alive: a long job that
+    checkpoints is not hung."""
+    beat = lane.started if lane is not None and lane.started > started else None
+    if now - (started if beat is None else beat) <= bound:
+        return None
+    since = ("no heartbeat" if beat is None else
+             f"its last heartbeat {now - beat:.0f}s ago")
+    return (f"{name} has been running {msg.topic}/{msg.partition}@{msg.offset} for "
+            f"{now - started:.0f}s ({since})")
 
 
 class ThreadRuntime:
@@ -101,13 +118,15 @@ class ThreadRuntime:
         return _calling(self._calls)
 
     def stalled(self, bound: float) -> str | None:
-        """A handler call running for longer than ``bound`` seconds, described; else None."""
+        """A handler call running for longer than ``bound`` seconds (since it started or its
+        last heartbeat), described; else None."""
         now = self.clock.monotonic()
         for t, call in zip(self._threads, self._calls, strict=True):
             msg = call.msg
-            if msg is not None and now - call.started > bound:
-                return (f"{t.name} has been running {msg.topic}/{msg.partition}@{msg.offset} "
-                        f"for {now - call.started:.0f}s")
+            if msg is not None:
+                found = _running(t.name, msg, call.started, call.lane, now, bound)
+                if found is not None:
+                    return found
         return None
 
     def shutdown(self) -> None:
@@ -121,6 +140,7 @@ def _drive_sync(runner: Job, lane: Lane, items: list[Item], inc: int,
     bound, judged when the call returns (nothing can interrupt the poll thread): an overrun is
     a ``TimeoutError`` attempt, its result discarded, as the threaded watchdog would have it."""
     current_lane.set(lane)
+    call.lane = lane
     steps = runner.steps(lane, items, inc, timed_out)
     send = steps.send
     handler, invoke, hand_off, ps = runner.handler, runner.invoke, runner.hand_off, lane.part
@@ -202,11 +222,13 @@ class InlineRuntime:
     is_inline = True
 
     def __init__(self, supervisor: Supervisor, clock: Clock, deadline: float | None,
-                 stall_bound: float | None) -> None:
+                 stall_bound: float | None, slow_bound: float | None = None) -> None:
         self.supervisor = supervisor
         self.clock = clock
         self.deadline = deadline
         self.stall_bound = stall_bound
+        #: readiness names a call running this long (``kworkers.consumer.calls``)
+        self.slow_bound = slow_bound
         #: per poll thread (the main loop's and the retry loop's)
         self._calls: dict[int, _Call] = {}
         self._closed = threading.Event()
@@ -229,11 +251,10 @@ class InlineRuntime:
 
     def _watchdog(self) -> None:
         assert self.stall_bound is not None
+        watch = CallWatch(self, self.supervisor, self.slow_bound, self.stall_bound, self.clock,
+                          every=0.0, what="poll thread (inline handler)")
         while not self._closed.wait(1.0):
-            stuck = self.stalled(self.stall_bound)
-            if stuck is not None:
-                self.supervisor.fail("poll thread (inline handler)",
-                                     f"{stuck} (bound {self.stall_bound:.0f}s)")
+            watch.check()
 
     def alive(self) -> bool:
         return True
@@ -248,9 +269,10 @@ class InlineRuntime:
         now = self.clock.monotonic()
         for call in list(self._calls.values()):
             msg = call.msg
-            if msg is not None and now - call.started > bound:
-                return (f"a poll thread has been running {msg.topic}/{msg.partition}@"
-                        f"{msg.offset} for {now - call.started:.0f}s")
+            if msg is not None:
+                found = _running("a poll thread", msg, call.started, call.lane, now, bound)
+                if found is not None:
+                    return found
         return None
 
     def shutdown(self) -> None:
@@ -314,6 +336,9 @@ class AsyncRuntime:
         self.slots = _Slots(concurrency, self.loop)
         #: handler calls under way per partition (written on the loop's thread only)
         self._calls: dict[TP, int] = {}
+        #: each handler call under way: (record, start, lane), by its runner's id (written on
+        #: the loop's thread only; ``stalled`` copies it)
+        self._running: dict[int, tuple[Message, float, Lane]] = {}
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -350,14 +375,26 @@ class AsyncRuntime:
         return set()
 
     def stalled(self, bound: float) -> str | None:
-        """The event loop blocked (a handler that never awaits) for longer than ``bound``."""
+        """The event loop blocked (a handler that never awaits) for longer than ``bound``, or
+        a handler call awaiting that long since it started or its last heartbeat."""
         now = self.clock.monotonic()
         if self._answered >= self._pinged:  # the last ping was answered: send another
             self._pinged = now
             self.loop.call_soon_threadsafe(self._answer)
-            return None
-        if now - self._pinged > bound:
+        elif now - self._pinged > bound:
             return f"the asyncio loop has not run for {now - self._pinged:.0f}s"
+        for _ in range(3):  # the loop's thread may change the dict meanwhile
+            try:
+                running = list(self._running.values())
+                break
+            except RuntimeError:
+                continue
+        else:
+            return None
+        for msg, started, lane in running:
+            found = _running("an async handler", msg, started, lane, now, bound)
+            if found is not None:
+                return found
         return None
 
     def _answer(self) -> None:
@@ -370,6 +407,7 @@ class AsyncRuntime:
         slots = self.slots
         timeout = runner.timeout
         handler, invoke, ps = runner.handler, runner.invoke, lane.part
+        running, me, now = self._running, id(steps), self.clock.monotonic
         try:
             req = next(steps)
             while True:
@@ -408,6 +446,8 @@ class AsyncRuntime:
                         await slots.wait()
                     try:
                         calls[tp] = calls.get(tp, 0) + 1
+                        first = req[0] if isinstance(req, list) else req
+                        running[me] = (first, now(), lane)
                         try:
                             coro = invoke(handler, req)
                             if timeout is not None:
@@ -415,6 +455,7 @@ class AsyncRuntime:
                             else:
                                 await coro
                         finally:
+                            del running[me]
                             left = calls[tp] - 1
                             if left:
                                 calls[tp] = left

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kworkers.consumer.commit import CommitPolicy
+from kworkers.consumer.stall import UNHEALTHY_AFTER
 from kworkers.consumer.stall import default_bound as default_stall_bound
 
 Ordering = Literal["partition", "key"]
@@ -24,6 +25,9 @@ MIN_STALL_BOUND_S = 60.0
 POLL_TIMEOUT_S = 0.1
 #: the most a consumer's close may take at a stop (a clean close takes a fraction of this)
 MAX_CLOSE_S = 5.0
+#: a handler call is bounded whether or not it has a deadline; False only in the canary that
+#: shows the test of it has teeth (the rule before issue #43: no deadline, no bound)
+BOUND_WITHOUT_DEADLINE = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +74,27 @@ class LoopSettings:
         broker; the worker leaves without it after this)."""
         return min(MAX_CLOSE_S, self.revoke_timeout / 2)
 
-    def hung_call_bound(self) -> float | None:
-        """A handler call running this long is hung (its lane moved on at the deadline, but it
-        holds a thread for good): the worker turns unhealthy and exits so a restart frees it.
-        Three deadlines, at least a minute; no deadline, no bound."""
-        if self.message_timeout is None:
+    def slow_call_bound(self) -> float | None:
+        """A handler call running this long since it started or since its last heartbeat makes
+        the worker unready, naming the record and how long it has run
+        (``kworkers.consumer.calls``): the partition stall bound (60 s at the defaults).
+        (None only in the canary, ``BOUND_WITHOUT_DEADLINE``.)"""
+        if self.hung_call_bound() is None:
             return None
+        return self.partition_stall_bound()
+
+    def hung_call_bound(self) -> float | None:
+        """A handler call running this long since it started or since its last heartbeat is
+        hung: Python cannot stop its thread, so the worker turns unhealthy and exits
+        (committing what finished) and a restart frees it; the record's next run counts as an
+        attempt (a takeover of its lease). With a deadline (its lane moved on at it) three
+        deadlines, at least a minute; without one, ``UNHEALTHY_AFTER`` stall bounds (180 s at
+        the defaults): a handler that never returns holds its partition as surely as a
+        stall does. (None only in the canary, ``BOUND_WITHOUT_DEADLINE``.)"""
+        if self.message_timeout is None:
+            if not BOUND_WITHOUT_DEADLINE:
+                return None
+            return UNHEALTHY_AFTER * self.partition_stall_bound()
         return max(3 * self.message_timeout, MIN_STALL_BOUND_S)
 
     def partition_stall_bound(self) -> float:

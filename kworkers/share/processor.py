@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from kworkers.clock import Clock
+from kworkers.consumer.calls import CallWatch
 from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.partition import Item, Lane, Poisoned
 from kworkers.consumer.ports import TP
@@ -89,7 +90,9 @@ class ShareProcessor:
         self.mean_s: float | None = None
         self.watch = (DeadlineWatch(rules.deadline_s, clock, runner.start)
                       if runner.watched else None)
-        self.stall_bound = settings.hung_call_bound()
+        #: handler calls running on: unready past one bound, unhealthy past the other
+        self.calls = CallWatch(runner.runtime, supervisor, settings.slow_call_bound(),
+                               settings.hung_call_bound(), clock)
         self.backlog_reporter = BacklogReporter(consumer, self.positions,
                                                 metrics.share_backlog, group)
         self._m_ok = metrics.records.labels(group, "ok")
@@ -394,12 +397,8 @@ class ShareProcessor:
     # ------------------------------------------------------------------ supervision
 
     def _supervise(self) -> None:
-        sup = self.supervisor
-        sup.check()
-        bound = self.stall_bound
-        stuck = None if bound is None else self.runner.runtime.stalled(bound)
-        if stuck is not None:
-            sup.fail("handler", f"{stuck} (bound {bound:.0f}s)")
+        self.supervisor.check()
+        self.calls.check()
 
 
 def _key_of(ps: SharePartition, item: Item) -> RecordKey:
