@@ -46,6 +46,7 @@ MetricName = Literal[
     "kworkers_transactions_total",
     "kworkers_transaction_duration_seconds",
     "kworkers_transaction_outputs_total",
+    "kworkers_output_topic_missing",
     "kworkers_handoff_failures_total",
     "kworkers_handoff_blocked",
     "kworkers_fenced_results_total",
@@ -174,6 +175,11 @@ class Metrics:
         self.transaction_outputs = Counter(
             "kworkers_transaction_outputs", "Records (outputs and hand-offs) committed in "
             "exactly-once transactions", ["group"], registry=r)
+        self.output_topic_missing = Gauge(
+            "kworkers_output_topic_missing", "1 while an exactly-once loop's outputs to this "
+            "topic wait because it does not exist (nothing is committed past their records; "
+            "/readyz 503, /healthz 503 past three stall bounds)", ["group", "topic"],
+            registry=r, multiprocess_mode="livemax")
         self.commit_deferred = Counter(
             "kworkers_commits_deferred", "Commits refused while the group rebalanced (the next "
             "commit carries their positions)", ["group"], registry=r)

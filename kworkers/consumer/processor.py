@@ -32,7 +32,7 @@ from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort, TransactionPort
 from kworkers.consumer.runner import Runner
 from kworkers.consumer.settings import POLL_TIMEOUT_S, LoopSettings
-from kworkers.consumer.stall import PartitionView
+from kworkers.consumer.stall import UNHEALTHY_AFTER, PartitionView
 from kworkers.consumer.stall_watch import LagSource, StallWatch
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.consumer.transactional import TransactionalCommitter
@@ -93,7 +93,8 @@ class Processor:
                                 "(BufferedHandOffs)")
             self.committer = TransactionalCommitter(
                 consumer, transactions, runner.hand_offs, metrics, group, clock,
-                settings.commit.timeout_s, supervisor)
+                settings.commit.timeout_s, supervisor,
+                unhealthy_after=UNHEALTHY_AFTER * settings.partition_stall_bound())
         #: self-fencing (None: off, or the session timeout is not known)
         self.membership = membership
         #: completions counted in the periodic commit now in flight

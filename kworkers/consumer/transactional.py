@@ -18,9 +18,15 @@ What an outcome means:
 - aborted (a produce refused, the group moved on, the broker asked for it): nothing of it is
   visible; its entries go back to the buffer and ride in the next transaction (after a wait
   that doubles from 0.1 s to 5 s), which is what rerunning their records would produce,
-  without rerunning them. An entry the broker refused for good (too large, not authorised, a
-  topic still missing after ``MISSING_LIMIT`` tries) is replaced by its record's dead letter
-  first, or the transaction would abort forever;
+  without rerunning them. An entry the broker refused for good (too large, not authorised) is
+  replaced by its record's dead letter first, or the transaction would abort forever;
+- held (an output's topic does not exist): before a transaction produces to a topic it has
+  not seen yet, the transaction thread asks the broker for it; a missing one means no
+  transaction is begun, its entries go back to the buffer (nothing committed past their
+  records) and are tried again with the abort's wait. The hold names the topic and the
+  broker's reason once (a log line, ``kworkers_output_topic_missing{topic}``, ``/readyz``),
+  and past ``unhealthy_after`` turns the worker unhealthy: a missing topic is a deployment's
+  error, and dead-lettering would empty the source into the DLQ until someone creates it;
 - uncertain (the producer failed mid-commit: timed out, refused for good): a new producer
   under the same transactional id fences the old one and ends its transaction, then the
   group's committed offsets, read once no transaction is pending on them, say whether it
@@ -58,8 +64,6 @@ log = logging.getLogger("kworkers.transactions")
 
 FIRST_WAIT_S = 0.1
 MAX_WAIT_S = 5.0
-#: aborts over an output to a missing topic before it counts as gone for good
-MISSING_LIMIT = 3
 
 
 @dataclass(eq=False)
@@ -79,6 +83,8 @@ class TxnRun:
     uncertain: bool = False
     #: the broker said this member or producer is no longer the owner
     fenced: bool = False
+    #: output topics that do not exist, with the broker's reason (nothing was begun)
+    missing: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -89,7 +95,8 @@ class TxnRun:
 class TransactionalCommitter:
     def __init__(self, consumer: ConsumerPort, port: TransactionPort,
                  hand_offs: BufferedHandOffs, metrics: Metrics, group: str, clock: Clock,
-                 timeout_s: float, supervisor: Supervisor) -> None:
+                 timeout_s: float, supervisor: Supervisor,
+                 unhealthy_after: float | None = None) -> None:
         self.consumer = consumer
         self.port = port
         self.hand_offs = hand_offs
@@ -110,7 +117,13 @@ class TransactionalCommitter:
         self._closed = threading.Event()
         self._retry_at = float("-inf")
         self._wait = FIRST_WAIT_S
-        self._misses: dict[tuple[int, int], int] = {}
+        #: output topics the broker said exist (the transaction thread's own)
+        self._present: set[str] = set()
+        #: the hold on outputs to missing topics: topic -> reason, since when (poll thread)
+        self._missing: dict[str, str] = {}
+        self._missing_since: float | None = None
+        self.unhealthy_after = unhealthy_after
+        self._m_missing = metrics.output_topic_missing
         #: set by the transaction thread when another producer took the id over: no further
         #: transaction is sent (each would be fenced again)
         self._fenced_out = False
@@ -235,6 +248,13 @@ class TransactionalCommitter:
         if run.fenced:
             self._m["fenced"].inc()
         current = {ps for ps in run.targets if parts.get(ps.tp) is ps and not ps.revoking}
+        self._hold_missing(run, current)
+        if run.missing:
+            for ps in current:
+                self.buffer.put_back(ps, [e for p, e in run.entries if p is ps])
+            self._retry_at = self.clock.monotonic() + self._wait
+            self._wait = min(self._wait * 2, MAX_WAIT_S)
+            return
         if run.outcome is CommitOutcome.COMMITTED:
             if not run.uncertain:
                 self._m["committed"].inc()
@@ -262,17 +282,46 @@ class TransactionalCommitter:
         self._retry_at = self.clock.monotonic() + self._wait
         self._wait = min(self._wait * 2, MAX_WAIT_S)
 
+    def _hold_missing(self, run: TxnRun, current: set[PartitionState]) -> None:
+        """The hold on missing output topics, from a finished run: each topic told once when
+        it is found missing and once when it is there again; readiness while any is missing,
+        health past ``unhealthy_after``."""
+        component = f"outputs of {self.group}"
+        if not run.missing and run.outcome is not CommitOutcome.COMMITTED:
+            return  # an abort says nothing about the topics
+        for topic in self._missing.keys() - run.missing.keys():
+            log.warning("%s: output topic %s exists now: the outputs that waited for it go "
+                        "out", self.group, topic)
+            self._m_missing.labels(self.group, topic).set(0)
+        if not run.missing:
+            if self._missing:
+                self.supervisor.recover(component)
+            self._missing, self._missing_since = {}, None
+            return
+        now = self.clock.monotonic()
+        waiting = sum(1 for ps, _e in run.entries if ps in current)
+        for topic, why in run.missing.items():
+            if topic not in self._missing:
+                log.error("%s: output topic %s does not exist (%s): %d record(s) wait for it, "
+                          "nothing is committed past them; create the topic", self.group,
+                          topic, why, waiting)
+                self._m_missing.labels(self.group, topic).set(1)
+        self._missing = dict(run.missing)
+        if self._missing_since is None:
+            self._missing_since = now
+        names = ", ".join(f"{t} ({w})" for t, w in sorted(self._missing.items()))
+        why = (f"output topic(s) missing: {names}; {waiting} record(s) wait, nothing committed "
+               "past them")
+        self.supervisor.degrade(component, why)
+        lasted = now - self._missing_since
+        if self.unhealthy_after is not None and lasted >= self.unhealthy_after:
+            self.supervisor.fail(component, f"{why}, for {lasted:.0f}s")
+
     def _refused(self, ps: PartitionState, entry: Entry, exc: BaseException) -> Entry:
-        """An entry a produce refused: kept as it is for a transient refusal; replaced by its
-        record's dead letter when refused for good."""
-        kind = self.port.classify(exc)
-        if kind == "missing":
-            key = (id(ps), entry.offset)
-            self._misses[key] = self._misses.get(key, 0) + 1
-            if self._misses[key] < MISSING_LIMIT:
-                return entry
-            del self._misses[key]
-        elif kind != "permanent":
+        """An entry a produce refused: kept as it is for a transient refusal or a topic gone
+        missing (the next transaction's check holds it); replaced by its record's dead letter
+        when refused for good."""
+        if self.port.classify(exc) != "permanent":
             return entry
         if entry.dead:
             self.supervisor.fail("dead-letter queue", f"{entry.outputs[0].topic} refuses dead "
@@ -308,6 +357,12 @@ class TransactionalCommitter:
             refused.append((ps, e, exc))
 
         outcome = CommitOutcome.FAILED
+        run.missing = self._missing_topics(run)
+        if run.missing:
+            run.error = "output topics missing"
+            run.seconds = time.monotonic() - t0
+            run.outcome = outcome
+            return
         try:
             port.begin()
             for ps, e in run.entries:
@@ -345,6 +400,9 @@ class TransactionalCommitter:
             run.uncertain = True
             outcome = self._resolve(run)
         run.refused = refused
+        for _ps, e, why in refused:
+            if port.classify(why) == "missing":  # deleted since it was seen: ask again
+                self._present.difference_update(o.topic for o in e.outputs)
         run.seconds = time.monotonic() - t0
         if outcome is CommitOutcome.COMMITTED:
             for _ps, e in run.entries:
@@ -356,6 +414,21 @@ class TransactionalCommitter:
                                       "(its key stays claimed until its lease ends)",
                                       self.group)
         run.outcome = outcome
+
+    def _missing_topics(self, run: TxnRun) -> dict[str, str]:
+        """The run's output topics the broker says do not exist, with its reason; a topic
+        once seen is not asked for again. A broker that does not answer says nothing here
+        (the produce then tells)."""
+        topics = {o.topic for _ps, e in run.entries for o in e.outputs} - self._present
+        if not topics:
+            return {}
+        try:
+            missing = self.port.missing(sorted(topics), self.timeout_s)
+        except Exception as exc:
+            log.debug("%s: asking for the output topics failed: %s", self.group, exc)
+            return {}
+        self._present |= topics - missing.keys()
+        return missing
 
     def _retrying(self, what: str, call: Callable[[], object]) -> bool:
         """``call`` until it returns (waits 0.1 s doubling to 5 s between tries); False when

@@ -29,7 +29,8 @@ _PERMANENT = frozenset({
     KafkaError.TOPIC_EXCEPTION,
     KafkaError._INVALID_ARG,
 })
-_MISSING = frozenset({
+#: refusals that mean the destination does not exist (``transactions`` asks for it too)
+MISSING_TOPIC = frozenset({
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._UNKNOWN_TOPIC,
     KafkaError._UNKNOWN_PARTITION,
@@ -42,7 +43,7 @@ def classify_send_error(exc: BaseException) -> SendErrorKind:
         code = exc.args[0].code()
         if code in _PERMANENT:
             return "permanent"
-        if code in _MISSING:
+        if code in MISSING_TOPIC:
             return "missing"
     return "transient"
 

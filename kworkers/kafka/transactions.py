@@ -20,7 +20,7 @@ from kworkers.consumer.ports import TP, SendErrorKind
 from kworkers.errors import TransactionAborted, TransactionFailed
 from kworkers.kafka import clients
 from kworkers.kafka.offsets import BrokerOffsets
-from kworkers.kafka.producer import classify_send_error
+from kworkers.kafka.producer import MISSING_TOPIC, classify_send_error
 from kworkers.kafka.settings import ClientSettings, Prop
 from kworkers.message import Headers
 
@@ -201,6 +201,20 @@ class LoopTransactions:
 
     def classify(self, exc: BaseException) -> SendErrorKind:
         return classify_send_error(exc)
+
+    def missing(self, topics: list[str], timeout: float) -> dict[str, str]:
+        """Those of ``topics`` the broker's metadata says do not exist, with its reason (asked
+        one topic at a time: a cluster's whole list can be long). A topic the broker would
+        create on use is created by the ask, as the produce would have."""
+        out: dict[str, str] = {}
+        for topic in topics:
+            md = self._p.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+            err = None if md is None else md.error
+            if md is None:
+                out[topic] = "not in the broker's metadata"
+            elif err is not None and err.code() in MISSING_TOPIC:
+                out[topic] = err.str()
+        return out
 
     def close(self) -> None:
         self._p.flush(5.0)

@@ -7,6 +7,7 @@ never the worker's counters. The broker-level proof is tests/faults/test_exactly
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kworkers import ConfigError, Worker, activity
+from kworkers import ConfigError, Worker, WorkerFailed, activity
 from kworkers.consumer import outputs as outputs_module
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.consumer.outputs import Entry, Output, OutputBuffer, Sink, of_batch
@@ -55,6 +56,9 @@ class FakeTransactions:
         self.committed_offsets: dict[TP, int] = {}
         self.renewed = 0
         self.lock = threading.Lock()
+        #: topics that do not exist (``missing``), and every topic asked for
+        self.absent: set[str] = set()
+        self.asked: list[str] = []
 
     def init(self, timeout: float) -> None:
         pass
@@ -110,6 +114,11 @@ class FakeTransactions:
     def classify(self, exc: BaseException) -> SendErrorKind:
         return "permanent" if isinstance(exc, Refused) else "transient"
 
+    def missing(self, topics: list[str], timeout: float) -> dict[str, str]:
+        with self.lock:
+            self.asked.extend(topics)
+            return {t: "Broker: Unknown topic or partition" for t in topics if t in self.absent}
+
     def close(self) -> None:
         pass
 
@@ -155,17 +164,26 @@ def _run(records: list[Message], handler: Callable[..., Any], txns: FakeTransact
 
 def _run_worker(records: list[Message], handler: Callable[..., Any],
                 done: Callable[[], bool], consumer: ScriptedConsumer | None = None,
-                batch: int | None = None, **kw: Any) -> Worker:
-    """A worker on a scripted consumer until ``done()`` (at most 30 s), then stopped."""
+                batch: int | None = None, box: list[Worker] | None = None,
+                **kw: Any) -> Worker:
+    """A worker on a scripted consumer until ``done()`` (at most 30 s), then stopped;
+    ``box`` gets the worker before it runs (for a ``done`` that reads it)."""
     consumer = consumer or ScriptedConsumer(records, [])
     scripted = consumer
     worker = Worker(topics=["t"], group_id="g", concurrency=4,
                     consumer=lambda group: scripted if group == "g" else _idle(group), **kw)
+    if box is not None:
+        box.append(worker)
     if batch is None:
         worker.handler(handler)
     else:
         worker.batch_handler(max_size=batch)(handler)
-    thread = threading.Thread(target=worker.run, args=(False,), daemon=True)
+
+    def run() -> None:
+        with contextlib.suppress(WorkerFailed):  # a test that wants it reads worker.fault
+            worker.run(False)
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     consumer.go.set()
     deadline = time.monotonic() + 30
@@ -450,3 +468,101 @@ def test_a_producer_fenced_by_another_stops_the_worker_without_taking_the_id_bac
     assert failed and "transactional id" in str(failed[0]), failed
     assert txns.renewed == 0  # never took the id back from the other producer
     assert _values(txns) == Counter()  # nothing of the fenced transaction visible
+
+
+def _to_invoices(msg: Message) -> None:
+    activity.produce("invoices" if msg.offset == 2 else "out", msg.value,
+                     headers={"src": f"{msg.partition}@{msg.offset}"})
+
+
+def test_an_output_topic_that_does_not_exist_holds_the_records_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #46, bug 2: the topic named with the broker's reason (one log line, the gauge,
+    /readyz), nothing committed past the record meanwhile, every output once when it exists.
+    Read from the double's transaction log."""
+    txns = FakeTransactions()
+    txns.absent.add("invoices")
+    during: dict[str, Any] = {}
+    box: list[Worker] = []
+
+    def held_then_created(t: FakeTransactions) -> bool:
+        if not during:
+            w = box[0]
+            gauge = w.metrics.registry.get_sample_value(
+                "kworkers_output_topic_missing", {"group": "g", "topic": "invoices"})
+            if gauge != 1 or w.unready_reason is None:
+                return False
+            with t.lock:
+                during.update(reason=w.unready_reason, healthy=w.fault is None,
+                              committed=dict(t.committed_offsets),
+                              visible=list(t.visible()))
+                t.absent.clear()  # the operator creates it
+        return _settled(5)(t)
+
+    caplog.set_level("INFO")
+    _run(_msgs(5), _to_invoices, txns, held_then_created, box=box)
+    assert during, "the worker never said the topic is missing"
+    assert "invoices (Broker: Unknown topic or partition)" in during["reason"], during["reason"]
+    assert during["healthy"]
+    # nothing committed past the record whose output waits, and none of its outputs visible
+    assert all(pos <= 2 for pos in during["committed"].values()), during["committed"]
+    assert not [o for o in during["visible"] if o[0] == "invoices"]
+    assert _values(txns) + _values(txns, "invoices") == Counter(m.value for m in _msgs(5))
+    assert not txns.beyond_position()
+    assert txns.asked.count("invoices") >= 2 and txns.asked.count("out") == 1  # asked once seen
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("output topic invoices does not exist" in m for m in lines) == 1, lines
+    assert sum("output topic invoices exists now" in m for m in lines) == 1, lines
+    assert not [m for m in lines if "not committed" in m]  # no abort-per-try noise
+    w = box[0]
+    assert w.unready_reason is None and w.metrics.registry.get_sample_value(
+        "kworkers_output_topic_missing", {"group": "g", "topic": "invoices"}) == 0
+
+
+def test_an_output_topic_missing_past_three_stall_bounds_turns_the_worker_unhealthy() -> None:
+    txns = FakeTransactions()
+    txns.absent.add("invoices")
+    box: list[Worker] = []
+    _run(_msgs(5), _to_invoices, txns, lambda _t: box[0].fault is not None, box=box,
+         stall_timeout=0.2, revoke_timeout=1.0)
+    fault = box[0].fault
+    assert fault is not None and "invoices" in fault.reason, fault
+    assert all(pos <= 2 for pos in txns.committed_offsets.values())
+
+
+def test_a_scheduled_record_for_a_destination_that_does_not_exist_waits_and_is_named(
+        tmp_path: Any) -> None:
+    """The scheduler's delivery is an exactly-once output: its missing destination holds the
+    rung record (nothing committed past it, nothing delivered) and is named the same way."""
+    from kworkers.idempotency.sqlite import SqliteStore
+    from kworkers.schedule import ScheduleLadder, Scheduler
+    from kworkers.schedule.headers import rung_headers
+
+    s = Scheduler("127.0.0.1:1", SqliteStore(tmp_path / "s.db"), ["invoices"],
+                  ladder=ScheduleLadder((60.0,), horizon=60.0, max_ahead=3600.0))
+    now = time.time()
+    rung = s.ladder.topics("invoices")[-1]
+    due = [Message(rung, 0, i, b"k%d" % i, b"v%d" % i,
+                   rung_headers((), f"id-{i}", now - 1, now - 2, now - 1)) for i in range(2)]
+    consumer, txns = ScriptedConsumer(due, [], "sched"), FakeTransactions()
+    txns.absent.add("invoices")
+    w = s.worker("sched", consumer=lambda g: consumer if g == "sched" else _idle(g),
+                 transactions=lambda g: txns if g == "sched" else FakeTransactions())
+    thread = threading.Thread(target=w.run, args=(False,), daemon=True)
+    thread.start()
+    consumer.go.set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (w.unready_reason is None
+                                           or "invoices" not in w.unready_reason):
+        time.sleep(0.01)
+    reason = w.unready_reason
+    with txns.lock:
+        committed, visible = dict(txns.committed_offsets), list(txns.visible())
+    txns.absent.clear()
+    while time.monotonic() < deadline and txns.committed_offsets.get((rung, 0)) != 2:
+        time.sleep(0.01)
+    w.stop()
+    thread.join(30)
+    assert reason is not None and "output topic(s) missing: invoices" in reason, reason
+    assert committed.get((rung, 0), 0) == 0 and visible == []
+    assert _values(txns, "invoices") == Counter([b"v0", b"v1"])  # delivered once each, after
