@@ -21,9 +21,11 @@ from kworkers.kafka.settings import (
     DEFAULT_BOOTSTRAP,
     ClientSettings,
     Prop,
+    consumer_settings,
     is_security_key,
     owned_in,
 )
+from kworkers.memory import DEFAULT_BROKERS, Bytes, FetchSizes, MemoryBound
 from kworkers.pace.limit import RateLimit
 from kworkers.retry_tiers.policy import RetryPolicy
 from kworkers.retry_tiers.tiers import TierLadder
@@ -64,6 +66,10 @@ class WorkerConfig:
     execution: Execution = "threads"
     max_in_flight: int = _LOOP.max_in_flight
     max_in_flight_per_partition: int = _LOOP.max_in_flight_per_partition
+    #: bytes of records fetched and not yet completed, per loop (keys, values, headers and
+    #: what each record costs beyond them: ``kworkers.memory``); librdkafka's read-ahead is
+    #: sized from it, and the worker's worst-case memory follows (``memory_bound``)
+    max_in_flight_bytes: Bytes = _LOOP.max_in_flight_bytes
     #: per-message deadline in seconds (None: no deadline); a heartbeat extends it
     message_timeout: Seconds | None = None
     commit: CommitPolicy = field(default_factory=CommitPolicy)
@@ -164,7 +170,7 @@ class WorkerConfig:
             raise ConfigError(
                 f"group_protocol: 'classic' or 'consumer', got {self.group_protocol!r}")
         for name in ("concurrency", "max_in_flight", "max_in_flight_per_partition",
-                     "delay_buffer", "consume_batch", "handoff_limit"):
+                     "max_in_flight_bytes", "delay_buffer", "consume_batch", "handoff_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}: must be a whole number >= 1, got {value!r}")
@@ -220,11 +226,27 @@ class WorkerConfig:
             ordering=self.ordering, concurrency=self.concurrency,
             consume_batch=self.consume_batch, max_in_flight=self.max_in_flight,
             max_in_flight_per_partition=self.max_in_flight_per_partition,
+            max_in_flight_bytes=self.max_in_flight_bytes,
             delay_buffer=self.delay_buffer, handoff_limit=self.handoff_limit,
             commit=self.commit, message_timeout=self.message_timeout,
             revoke_timeout=self.revoke_timeout, drain_timeout=self.drain_timeout,
             stall_timeout=self.stall_timeout, self_fencing=self.self_fencing,
             fence_margin=self.fence_margin)
+
+    def consumer_properties(self, group: str) -> dict[str, Prop]:
+        """The librdkafka configuration of this worker's consumer of ``group`` (the fetch
+        sizes chosen with ``max_in_flight_bytes`` unless ``consumer_config`` sets them)."""
+        return consumer_settings(self.client, group, self.group_protocol, self.consumer_config,
+                                 in_flight_bytes=self.max_in_flight_bytes)
+
+    def memory_bound(self, brokers: int = DEFAULT_BROKERS) -> MemoryBound:
+        """The worst-case memory of one worker process (``kworkers.memory``), with the fetch
+        sizes its consumers really get and ``brokers`` brokers to fetch from."""
+        props = self.consumer_properties(self.group_id)
+        fetch = FetchSizes(int(props["queued.max.messages.kbytes"]),
+                           int(props["fetch.max.bytes"]), int(props["max.partition.fetch.bytes"]))
+        loop = self.loop
+        return MemoryBound(loop.max_in_flight_bytes, loop.hand_off_bytes(), fetch, brokers)
 
     def leave_bound(self) -> float:
         """The longest a graceful stop takes (``LoopSettings.leave_bound``): what the rendered

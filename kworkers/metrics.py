@@ -33,6 +33,7 @@ MetricName = Literal[
     "kworkers_schedule_lateness_seconds",
     "kworkers_scheduled_records_total",
     "kworkers_in_flight_records",
+    "kworkers_in_flight_bytes",
     "kworkers_paused_partitions",
     "kworkers_partition_stalled",
     "kworkers_consumer_lag",
@@ -108,6 +109,10 @@ class Metrics:
         self.in_flight = Gauge(
             "kworkers_in_flight_records", "Records fetched and not yet completed", ["group"],
             registry=r)
+        self.in_flight_bytes = Gauge(
+            "kworkers_in_flight_bytes", "What the records fetched and not yet completed cost, "
+            "per loop, as max_in_flight_bytes bounds it: keys, values, headers and a fixed cost "
+            "per record (kworkers.memory)", ["group"], registry=r)
         self.paused = Gauge(
             "kworkers_paused_partitions", "Partitions paused, by reason: backpressure (each "
             "holds its share of max_in_flight; held without a pause in the client counted "

@@ -19,7 +19,8 @@ retry.max_attempts``), because "invalid literal for int()" does not tell an oper
 three places to fix.
 
 Durations are seconds as numbers, or labels such as ``500ms``, ``1s``, ``2m``, ``1h`` (the
-labels retry tier topics are named with).
+labels retry tier topics are named with); sizes are bytes as numbers, or ``512KiB``, ``64MiB``,
+``256MB``, ``1GiB``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from kworkers.kafka.settings import (
     parse_property,
     properties_from_env,
 )
+from kworkers.memory import Bytes, parse_bytes
 from kworkers.retry_tiers.tiers import TierLadder
 
 Layer = dict[str, Any]
@@ -217,7 +219,7 @@ Parser = Callable[[object, str], Any]
 _BY_TYPE: list[tuple[Any, Parser]] = [
     (str, _str), (str | None, _optional_str), (int, _int), (int | None, _any_int),
     (float, _float), (bool, _bool),
-    (Seconds, parse_duration), (Seconds | None, _optional_duration),
+    (Seconds, parse_duration), (Seconds | None, _optional_duration), (Bytes, parse_bytes),
     (tuple[str, ...], _str_list), (TierLadder, parse_tiers),
 ]
 

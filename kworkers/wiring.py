@@ -55,7 +55,7 @@ from kworkers.kafka.admin import broker_config
 from kworkers.kafka.consumer import KafkaConsumerAdapter
 from kworkers.kafka.offsets import BrokerOffsets
 from kworkers.kafka.producer import KafkaSender, classify_send_error
-from kworkers.kafka.settings import consumer_settings, producer_settings
+from kworkers.kafka.settings import producer_settings
 from kworkers.kafka.transactions import LoopTransactions
 from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
@@ -159,7 +159,7 @@ class Assembly:
         else:
             hand_offs = HandOffStep(router, self.sender, p.metrics, group, done, p.clock,
                                     p.hard_stop, p.supervisor, self.classify,
-                                    cfg.handoff_limit)
+                                    cfg.handoff_limit, cfg.loop.hand_off_bytes())
         return Runner(p.handler, invoke, hand_offs, self.runtime, p.clock, timeout, done,
                       self.breaker, lambda exc: is_retryable(cfg.retry, exc),
                       cfg.batch if p.batch else None, p.decoder, self.pacer)
@@ -185,8 +185,8 @@ class Assembly:
                    tiers: bool) -> Processor:
         p, cfg = self.parts, self.parts.config
         group = cfg.retry_group_id if tiers else cfg.group_id
-        consumer = made if made is not None else KafkaConsumerAdapter(consumer_settings(
-            cfg.client, group, cfg.group_protocol, cfg.consumer_config))
+        consumer = made if made is not None else KafkaConsumerAdapter(
+            cfg.consumer_properties(group))
         gate = None
         rules: RecordCheck | None = p.hold
         if tiers:

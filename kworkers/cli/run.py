@@ -127,6 +127,9 @@ def run_one(worker: Worker, metrics_port: int | None) -> int:
               help="Worker processes; each is a full Worker (a member of the group).")
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
               help="Handler executions at once per process (env KWORKERS_CONCURRENCY).")
+@click.option("--max-in-flight-bytes", "max_in_flight_bytes", default=None, metavar="SIZE",
+              help="Bytes of records each poll loop may hold, such as 256MiB (env "
+                   "KWORKERS_MAX_IN_FLIGHT_BYTES; docs/CONFIG.md: the worker's memory).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve /metrics, /healthz, /readyz on PORT. With --processes N the "
                    "parent serves the pool there: its processes' metrics summed, ready when "
@@ -143,7 +146,8 @@ def run_one(worker: Worker, metrics_port: int | None) -> int:
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option(child_secrets.FD_OPTION, "secrets_fd", type=int, default=None, hidden=True)
-def run(target: str, processes: int, concurrency: int | None, metrics_port: int | None,
+def run(target: str, processes: int, concurrency: int | None,
+        max_in_flight_bytes: str | None, metrics_port: int | None,
         config_path: str | None, bootstrap: str | None, properties: tuple[str, ...],
         group_id: str | None, topics_: tuple[str, ...], rate_limit: str | None,
         log_level: str, secrets_fd: int | None) -> int:
@@ -162,6 +166,7 @@ def run(target: str, processes: int, concurrency: int | None, metrics_port: int 
     passed = child_secrets.read(secrets_fd) if secrets_fd is not None else {}
     per_second = None if rate_limit is None else settings.parse_rate(rate_limit, "--rate-limit")
     flags: dict[str, object] = {"concurrency": concurrency, "group_id": group_id,
+                                "max_in_flight_bytes": max_in_flight_bytes,
                                 "topics": topics_ or None,
                                 "rate_limit.per_second": per_second,
                                 **settings.client_flags(bootstrap, (
@@ -173,7 +178,8 @@ def run(target: str, processes: int, concurrency: int | None, metrics_port: int 
     child: list[str] = [target, "--log-level", log_level]
     if config_path is not None:
         child += ["--config", config_path]
-    for opt, value in (("--concurrency", concurrency), ("--bootstrap", bootstrap),
+    for opt, value in (("--concurrency", concurrency),
+                       ("--max-in-flight-bytes", max_in_flight_bytes), ("--bootstrap", bootstrap),
                        ("--group", group_id), ("--rate-limit", rate_limit)):
         if value is not None:
             child += [opt, str(value)]

@@ -230,9 +230,10 @@ def poll_size(limits: Limits, held: int, batch: int, room: int = 1, held_bytes: 
     at ~150 us each, for a storm's 10,000 tier records read back).
 
     With a byte bound, also no more records than the bytes left under it hold at
-    ``record_bytes`` each (the last poll's record size; 0: not known yet), at least one: not
-    what keeps the bound (a record may be larger than the last ones; ``decide``'s loop-wide
-    stop is), but what keeps a loop of large records from taking a batch far past it."""
+    ``record_bytes`` each (the last poll's record size; 0: not known yet, no cut), at least
+    one: not what keeps the bound (a record may be larger than the last ones, and the first
+    poll's size is not known; ``decide``'s loop-wide stop is), but what keeps a loop of large
+    records from taking a batch far past it at every poll."""
     n = max(1, min(batch, max(room, limits.bound() - held)))
     if limits.max_bytes is not None and record_bytes > 0:
         n = min(n, max(1, (limits.max_bytes - held_bytes) // record_bytes))

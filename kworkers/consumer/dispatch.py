@@ -4,6 +4,8 @@ A lane is an ordered queue run by one runner at a time: one per partition
 (``ordering="partition"``) or one per key (``ordering="key"``, records of a key in order, keys
 in parallel). Records of a revoked partition are dropped here (the next owner reads them
 again); a refetch after pause/resume is recognised by the offset tracker and not run twice.
+Each record's size is tracked with its offset (``kworkers.memory.record_sizes``, in C), so
+backpressure bounds bytes as well as records.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from kworkers.consumer.partition import Item, Lane, PartitionState
 from kworkers.consumer.ports import TP
 from kworkers.consumer.runner import Runner
 from kworkers.consumer.tier_gate import TierGate
+from kworkers.memory import record_sizes
 from kworkers.message import Message
 
 #: key lanes that went idle are pruned every this many dispatched batches
@@ -35,6 +38,8 @@ class Dispatcher:
         self.gate = gate
         self.clock = clock
         self._batches = 0
+        #: keys, values and headers of the records the last ``dispatch`` tracked
+        self.dispatched_bytes = 0
 
     def dispatch(self, msgs: list[Message]) -> None:
         parts = self.parts
@@ -50,6 +55,7 @@ class Dispatcher:
             else:
                 group.extend(run)
         key_mode, gate = self.key_mode, self.gate
+        dispatched = 0
         now = self.clock.now()
         mono = self.clock.monotonic
         for tp, group in by_tp.items():
@@ -57,9 +63,12 @@ class Dispatcher:
             if ps is None:
                 continue  # fetched before a revoke: the new owner reads it again
             offsets = list(map(_OFFSET, group))
-            if not ps.tracker.window:  # work for an idle partition: its stall clock restarts
+            tracker = ps.tracker
+            if not tracker.window:  # work for an idle partition: its stall clock restarts
                 ps.progress_at = mono()
-            tracked = ps.tracker.track_many(offsets)
+            before = tracker.bytes_in
+            tracked = tracker.track_many(offsets, record_sizes(group))
+            dispatched += tracker.bytes_in - before
             if len(tracked) != len(offsets):  # a refetch after pause/resume
                 keep = set(tracked)
                 group = [m for m in group if m[2] in keep]
@@ -75,6 +84,7 @@ class Dispatcher:
                 lanes.setdefault(lane, []).append(item)
             for lane, items in lanes.items():
                 self.enqueue(lane, items)
+        self.dispatched_bytes = dispatched
         self._batches += 1
         if key_mode and self._batches % PRUNE_EVERY == 0:
             for p in parts.values():

@@ -10,8 +10,11 @@ reason (the outputs already acknowledged stay: at least once).
 Pipelined: a runner hands a failure off and moves on to its next record at once; the record's
 offset completes when the broker's delivery report arrives (the offset tracker takes
 completions in any order), so a lane is never paced by round trips. At most ``limit`` hand-offs
-wait for their acknowledgement at a time (then a runner waits for room); an unacknowledged
-hand-off holds the commit, because its offset is not complete.
+and outputs wait for their acknowledgement at a time, and at most ``limit_bytes`` of their
+keys, values and headers (the producer holds a copy of each until then: issue #45); then a
+runner waits for room, except when nothing waits at all (a record larger than
+``limit_bytes`` still goes, alone). An unacknowledged hand-off holds the commit, because its
+offset is not complete.
 
 What a refused send means:
 
@@ -45,6 +48,7 @@ from kworkers.consumer.partition import Partition
 from kworkers.consumer.ports import Completion, Sender, SendErrorKind
 from kworkers.consumer.settings import LoopSettings
 from kworkers.errors import HandOffError
+from kworkers.memory import message_bytes
 from kworkers.message import Message
 from kworkers.metrics import Metrics
 from kworkers.retry_tiers.router import FailureRouter, HandOff
@@ -88,7 +92,7 @@ class _Pending:
     """One record sent on a record's behalf (its hand-off, or one of its outputs) until its
     acknowledgement; called with the sender's delivery report."""
 
-    __slots__ = ("blocked", "misses", "msg", "plan", "ps", "rec", "step", "wait")
+    __slots__ = ("blocked", "misses", "msg", "plan", "ps", "rec", "size", "step", "wait")
 
     def __init__(self, step: HandOffStep, ps: Partition, msg: Message, plan: HandOff | Output,
                  rec: _Record | None = None) -> None:
@@ -97,6 +101,8 @@ class _Pending:
         self.msg = msg
         self.plan = plan
         self.rec = rec
+        #: what the producer holds of it until acknowledged (counted once, at the send)
+        self.size = message_bytes(plan.key, plan.value, plan.headers)
         self.misses = 0
         self.wait = FIRST_WAIT_S
         self.blocked = False
@@ -132,7 +138,8 @@ class HandOffStep:
                  completions: SimpleQueue[Completion], clock: Clock, stop: threading.Event,
                  supervisor: Supervisor,
                  classify: Callable[[BaseException], SendErrorKind] = all_transient,
-                 limit: int = LoopSettings().handoff_limit) -> None:
+                 limit: int = LoopSettings().handoff_limit,
+                 limit_bytes: int = LoopSettings().hand_off_bytes()) -> None:
         self.router = router
         self.sender = sender
         self.metrics = metrics
@@ -144,6 +151,7 @@ class HandOffStep:
         self.supervisor = supervisor
         self.classify = classify
         self.limit = limit
+        self.limit_bytes = limit_bytes
         self.failures = FailureLog(log, group, clock)
         self._m_blocked = metrics.handoff_blocked.labels(group)
         #: the labelled counters, looked up once per tier or error type, not per record
@@ -152,6 +160,8 @@ class HandOffStep:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._pending = 0
+        #: the bytes of those (``_Pending.size``)
+        self._pending_bytes = 0
         #: runners waiting for room (under the lock): a release notifies only when one waits
         self._waiting = 0
         self._retries: list[tuple[float, int, _Pending]] = []
@@ -167,12 +177,14 @@ class HandOffStep:
         return self._pending
 
     def has_room(self) -> bool:
-        return self._pending < self.limit
+        return self._pending < self.limit and (
+            self._pending_bytes < self.limit_bytes or not self._pending)
 
     def wait_room(self, ps: Partition) -> bool:
-        """Blocks while ``limit`` hand-offs are unacknowledged; False if abandoned meanwhile."""
+        """Blocks while ``limit`` hand-offs (or ``limit_bytes`` of them) are unacknowledged;
+        False if abandoned meanwhile."""
         with self._room:
-            while self._pending >= self.limit:
+            while not self.has_room():
                 if ps.revoking or self.stop.is_set():
                     return False
                 self._waiting += 1
@@ -188,20 +200,22 @@ class HandOffStep:
         the runner stops and the record will be delivered again."""
         if ps.revoking or self.stop.is_set():
             return False
-        if self._pending >= self.limit and not self.wait_room(ps):
+        if not self.has_room() and not self.wait_room(ps):
             return False
         plan = self._plan(msg, exc)
         if plan is None:
             return False
+        pending = _Pending(self, ps, msg, plan)
         with self._lock:
             self._pending += 1
+            self._pending_bytes += pending.size
             ps.handoffs += 1
         self.failures.handed(plan.decision.error_type, plan.topic)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s/%d@%d attempt %d failed (%s: %s) -> %s %s", msg.topic, msg.partition,
                       msg.offset, msg.attempt, type(exc).__name__, str(exc)[:200],
                       plan.destination, plan.topic)
-        self._send(_Pending(self, ps, msg, plan))
+        self._send(pending)
         return True
 
     def _plan(self, msg: Message, exc: BaseException) -> HandOff | None:
@@ -213,7 +227,7 @@ class HandOffStep:
         are acknowledged, and ``after`` runs once those of every record of the call are."""
         if ps.revoking or self.stop.is_set():
             return False
-        if self._pending >= self.limit and not self.wait_room(ps):
+        if not self.has_room() and not self.wait_room(ps):
             return False
         hooks = _After(after, len(emitted)) if after else None
         sends: list[_Pending] = []
@@ -222,6 +236,7 @@ class HandOffStep:
             sends += [_Pending(self, ps, msg, out, rec) for out in outs]
         with self._lock:
             self._pending += len(sends)
+            self._pending_bytes += sum(p.size for p in sends)
             ps.handoffs += len(sends)
         for p in sends:
             self._send(p)
@@ -329,6 +344,7 @@ class HandOffStep:
     def _release(self, p: _Pending) -> None:
         with self._lock:
             self._pending -= 1
+            self._pending_bytes -= p.size
             p.ps.handoffs -= 1
             if self._waiting:
                 self._room.notify()

@@ -43,7 +43,8 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
                 clock: Clock | None = None,
                 breaker_ends: float | None = None,
                 asked: Mapping[TP, float] | None = None,
-                leases: Mapping[TP, float] | None = None) -> tuple[PartitionView, ...]:
+                leases: Mapping[TP, float] | None = None,
+                memory: bool = False) -> tuple[PartitionView, ...]:
     """The partitions as the stall watch needs them (``kworkers.consumer.stall``).
     ``registry``: the partitions whose next record waits for the schema registry;
     ``rate_limited``: those whose next record waits for a rate-limit token; ``leases``: those
@@ -54,14 +55,21 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
     time (the gate's own account of what it admitted and released), the breaker's end of
     cool-down (``breaker_ends``), the moment a rate-limited record last asked for a token
     (``asked``: a waiter asks every few milliseconds and takes a token as soon as there is
-    one), the lease's expiry. ``stall.overdue`` judges them."""
+    one), the lease's expiry. ``stall.overdue`` judges them.
+
+    ``memory``: the loop holds its byte bound (``backpressure``): a partition holding nothing
+    waits for the others' records to complete, a hold that ends with the loop's next
+    completion, so it is over by the loop's last progress (a loop at its bound that completes
+    nothing for a stall bound holds nobody on purpose)."""
     common = (Hold.DRAINING if draining else Hold.FENCED if fenced else
               Hold.BREAKER if breaker_open else None)
     common_ends = breaker_ends if common is Hold.BREAKER else None
     mono = clock.monotonic() if clock is not None else 0.0
     wall = clock.now() if clock is not None else 0.0
     views = []
-    for ps in list(parts):
+    states = list(parts)
+    last = max((ps.progress_at for ps in states), default=0.0) if memory else 0.0
+    for ps in states:
         hold, ends = common, common_ends
         if hold is None and gate is not None and gate.held(ps):
             hold = Hold.NOT_DUE
@@ -75,6 +83,8 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
         if hold is None and leases is not None and ps.tp in leases:
             hold, ends = Hold.LEASE, leases[ps.tp]
         tr = ps.tracker
+        if hold is None and memory and not tr.window:
+            hold, ends = Hold.MEMORY, last
         pos = tr.position if tr.position is not None else tr.committed
         views.append(PartitionView(ps.tp, ps.progress_at, ps.tp in calling or ps.handoffs > 0,
                                    hold, tr.window, pos, ends))

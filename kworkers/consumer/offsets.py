@@ -153,6 +153,11 @@ class OffsetTracker:
         return len(self._pending)
 
     @property
+    def bytes_in(self) -> int:
+        """The bytes of every offset ever tracked (what a fetch added is its difference)."""
+        return self._bytes_in
+
+    @property
     def window_bytes(self) -> int:
         """The bytes of the window's offsets (as given to ``track``/``track_many``)."""
         if not self._pending:

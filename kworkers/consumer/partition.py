@@ -12,6 +12,7 @@ from typing import Any
 
 from kworkers.clock import Clock, SystemClock
 from kworkers.consumer.offsets import OffsetTracker
+from kworkers.memory import RECORD_COST
 from kworkers.message import Message
 
 _SYSTEM_CLOCK = SystemClock()
@@ -287,6 +288,12 @@ class PartitionState(Partition):
         #: at its share and held rather than paused: the loop polls nothing meanwhile
         #: (``backpressure``; never paused and held at once)
         self.held = False
+
+    def held_bytes(self) -> int:
+        """What the partition's window costs in memory, as backpressure counts it: its records'
+        keys, values and headers (``kworkers.memory.record_sizes``) and ``RECORD_COST`` each."""
+        tr = self.tracker
+        return tr.window_bytes + RECORD_COST * tr.window
 
     def lane_for(self, key: bytes | None) -> Lane:
         """The key lane of ``key`` (ordering="key")."""

@@ -36,6 +36,7 @@ from kworkers.consumer.stall import UNHEALTHY_AFTER, PartitionView
 from kworkers.consumer.stall_watch import LagSource, StallWatch
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.consumer.transactional import TransactionalCommitter
+from kworkers.memory import RECORD_COST
 from kworkers.metrics import Metrics, observe_many
 from kworkers.supervision import Supervisor
 
@@ -109,9 +110,16 @@ class Processor:
                       if runner.watched and runner.timeout is not None else None)
         self.limits = backpressure.Limits(
             settings.max_in_flight, settings.max_in_flight_per_partition,
-            gate.capacity if gate is not None else None)
+            gate.capacity if gate is not None else None, settings.max_in_flight_bytes)
         #: records held at the last backpressure decision (what the next poll may add to)
         self._held = 0
+        #: their bytes (``PartitionState.held_bytes``), and whether that is the loop's byte
+        #: bound or more (``backpressure``: nothing taken, nothing resumed meanwhile)
+        self._held_bytes = 0
+        self._over = False
+        #: what a record of the last poll cost on average (0: none yet), which sizes the next
+        #: poll under the byte bound
+        self._record_bytes = 0
         #: since when partitions are held (``backpressure``: the loop takes nothing meanwhile)
         self._hold_since: float | None = None
         #: the partitions as the stall watch sees them (replaced whole, never mutated)
@@ -131,6 +139,7 @@ class Processor:
         self._m_skipped = metrics.records.labels(group, "skipped")
         self._m_duration = metrics.handler_duration.labels(group)
         self._m_in_flight = metrics.in_flight.labels(group)
+        self._m_in_flight_bytes = metrics.in_flight_bytes.labels(group)
         self._m_fenced = metrics.fenced.labels(group)
         self._since_commit = 0
         self._last_commit = clock.monotonic()
@@ -200,11 +209,13 @@ class Processor:
                 self.limits.share(len(parts)),
                 (ps.tracker.window for ps in parts.values() if not ps.paused and not ps.held))
             msgs = self.consumer.poll_batch(
-                backpressure.poll_size(self.limits, self._held, batch, room),
+                backpressure.poll_size(self.limits, self._held, batch, room, self._held_bytes,
+                                       self._record_bytes),
                 0.0 if idle_wait else timeout)
         self.ready.set()
         if msgs:
             self.dispatcher.dispatch(msgs)
+            self._record_bytes = self.dispatcher.dispatched_bytes // len(msgs) + RECORD_COST
             if gate is not None and gate.skipped:  # another group's retries, completed unrun
                 skipped = gate.take_skipped()
                 self._since_commit += skipped
@@ -237,7 +248,7 @@ class Processor:
                 decoder.waiting() if decoder is not None else frozenset(), self._fenced,
                 pacer.waiting() if pacer is not None else frozenset(), clock=self.clock,
                 breaker_ends=breaker.cooldown_ends() if breaker is not None else None,
-                asked=pacer.asked() if pacer is not None else None)
+                asked=pacer.asked() if pacer is not None else None, memory=self._over)
         self._commits(now)
 
     @property
@@ -413,11 +424,14 @@ class Processor:
                 return
 
     def _resumable(self) -> bool:
-        """A paused or held partition is down to its resume mark: what the step after the wait
-        acts on (``backpressure.decide``)."""
+        """A paused or held partition is down to its resume marks, and the loop under its byte
+        bound: what the step after the wait acts on (``backpressure.decide``)."""
         parts = self.parts
-        low = backpressure.resume_mark(self.limits.share(len(parts)))
-        return any((ps.paused or ps.held) and ps.tracker.window <= low for ps in parts.values())
+        marks = backpressure.Marks.of(self.limits, len(parts))
+        if self._over and self.limits.over(sum(ps.held_bytes() for ps in parts.values())):
+            return False
+        return any((ps.paused or ps.held) and marks.down(ps.tracker.window, ps.held_bytes())
+                   for ps in parts.values())
 
     def _apply_completions(self, block: float = 0.0, settle: float = 0.0) -> int:
         """Applies the completions reported so far (waiting up to ``block`` for the first);
@@ -473,12 +487,14 @@ class Processor:
         now = self.clock.monotonic()
         since = self._hold_since
         decision = backpressure.decide(self.limits, backpressure.Load(
-            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused, ps.held)
+            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused, ps.held,
+                                              ps.held_bytes())
                    for ps in parts],
             draining=self._draining, breaker_open=self._breaker_was_open,
             fenced=self._fenced,
             may_hold=self._may_hold(now, since), wants=self._wants))
         self._held = decision.in_flight
+        self._held_bytes, self._over = decision.bytes, decision.over
         held = decision.held
         if held or since is not None:
             for ps in parts:
@@ -495,6 +511,7 @@ class Processor:
                 self.parts[tp].paused = False
             self.consumer.resume(list(decision.resume))
         self._m_in_flight.set(decision.in_flight)
+        self._m_in_flight_bytes.set(decision.bytes)
         paused = sum(1 for ps in parts if ps.paused) + len(held)
         why = observe.pause_reason(self._draining, self._breaker_was_open, self._fenced)
         for reason, gauge in self._m_paused_by.items():

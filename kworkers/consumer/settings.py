@@ -16,6 +16,7 @@ from typing import Literal
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.consumer.stall import UNHEALTHY_AFTER
 from kworkers.consumer.stall import default_bound as default_stall_bound
+from kworkers.memory import DEFAULT_IN_FLIGHT_BYTES, hand_off_bytes
 
 Ordering = Literal["partition", "key"]
 
@@ -38,6 +39,8 @@ class LoopSettings:
     consume_batch: int = 500
     max_in_flight: int = 20_000
     max_in_flight_per_partition: int = 5_000
+    #: bytes of records fetched and not completed, per loop (``kworkers.memory``)
+    max_in_flight_bytes: int = DEFAULT_IN_FLIGHT_BYTES
     #: the retry loop's timer heap, split into its partitions' shares
     delay_buffer: int = 10_000
     #: failed attempts handed off and not yet acknowledged, per loop
@@ -54,6 +57,10 @@ class LoopSettings:
     self_fencing: bool = True
     #: None: ``fencing.default_margin`` of the session timeout
     fence_margin: float | None = None
+
+    def hand_off_bytes(self) -> int:
+        """Bytes of hand-offs and outputs unacknowledged per loop before runners wait."""
+        return hand_off_bytes(self.max_in_flight_bytes)
 
     def started_work_bound(self) -> float:
         """How long a graceful stop waits for handler calls already started: their deadline

@@ -82,6 +82,7 @@ _OVERDUE = {
     Hold.RATE_LIMIT: "its record waits for a rate-limit token while the bucket has one",
     Hold.REGISTRY: "its record waits for the schema registry and has stopped asking",
     Hold.LEASE: "its record waits for a lease that expired",
+    Hold.MEMORY: "its loop, at its byte bound, completed no record",
 }
 
 

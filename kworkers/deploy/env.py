@@ -25,6 +25,7 @@ from kworkers import settings
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import env_var_of, is_secret_key
+from kworkers.memory import parse_bytes, show_bytes
 from kworkers.retry_tiers.tiers import TierLadder
 
 BOOTSTRAP = settings.env_name("bootstrap_servers")
@@ -105,6 +106,8 @@ def config_env(config: WorkerConfig) -> dict[str, str]:
         value = _setting(config, name)
         if name == "message_timeout" and value is None:
             text: str | None = "off"  # an empty variable would mean "not set"
+        elif settings.FIELDS[name] is parse_bytes:
+            text = show_bytes(value)  # 64MiB, not 67108864
         else:
             text = _text(value)
         if text is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kworkers.errors import ConfigError
+from kworkers.memory import MESSAGE_MAX_BYTES, FetchSizes
 
 Prop = str | int | float | bool
 Properties = Mapping[str, Prop]
@@ -209,8 +210,11 @@ CLASSIC_HEARTBEAT_INTERVAL_MS = 3_000
 
 
 def consumer_settings(client: ClientSettings | str, group: str, protocol: str = "classic",
-                      overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A worker's consumer: offsets stored and committed by kworkers alone."""
+                      overrides: Mapping[str, Any] | None = None, *,
+                      in_flight_bytes: int | None = None) -> dict[str, Any]:
+    """A worker's consumer: offsets stored and committed by kworkers alone. With
+    ``in_flight_bytes`` (the worker's byte bound), its read-ahead is sized from it
+    (``kworkers.memory.FetchSizes``) unless the overrides set those properties themselves."""
     defaults: dict[str, Any] = {
         "auto.offset.reset": "earliest",
         # Headroom for a paused partition's heartbeat-only polls; handlers never run here.
@@ -225,6 +229,11 @@ def consumer_settings(client: ClientSettings | str, group: str, protocol: str = 
         "enable.partition.eof": True,
         "log_level": 4,
     }
+    if in_flight_bytes is not None:
+        shared = {**as_client(client).overrides, **(overrides or {})}
+        defaults.update(FetchSizes.of(
+            in_flight_bytes, int(shared.get("message.max.bytes", MESSAGE_MAX_BYTES))
+        ).properties())
     if protocol == "classic":
         defaults["partition.assignment.strategy"] = "cooperative-sticky"
         # failover: a member that dies without leaving holds its partitions this long

@@ -337,7 +337,8 @@ def test_at_the_loop_byte_bound_nothing_is_taken_and_nothing_resumes() -> None:
 
 
 def test_a_poll_is_cut_to_the_bytes_left_at_the_last_record_size() -> None:
-    assert poll_size(BYTES, 0, 500) == 500  # no size known yet
+    assert poll_size(BYTES, 0, 500) == 500  # no size known yet (a loop's first poll)
+    assert poll_size(BYTES, 0, 500, record_bytes=10) == 500
     assert poll_size(BYTES, 0, 500, held_bytes=1000, record_bytes=100) == 50
     assert poll_size(BYTES, 0, 500, held_bytes=5990, record_bytes=100) == 1
     assert poll_size(Limits(1000, 1000), 0, 500, held_bytes=10**9, record_bytes=100) == 500

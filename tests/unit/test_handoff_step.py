@@ -39,14 +39,16 @@ class HeldSender:
         self.sent.append((topic, fut))
 
 
-def _step(limit: int = 100) -> tuple[HandOffStep, HeldSender, SimpleQueue[Completion],
-                                      Supervisor, FakeClock, Metrics]:
+def _step(limit: int = 100, limit_bytes: int = 1 << 30
+          ) -> tuple[HandOffStep, HeldSender, SimpleQueue[Completion], Supervisor, FakeClock,
+                     Metrics]:
     clock = FakeClock(1000.0)
     sender, done, sup, metrics = HeldSender(), SimpleQueue[Completion](), Supervisor(), Metrics()
     router = FailureRouter(RetryPolicy(initial=1, max_attempts=3), TierLadder((1.0, 5.0)), "g",
                            no_jitter, clock)
     step = HandOffStep(router, sender, metrics, "g", done, clock, threading.Event(), sup,
-                       lambda e: e.kind if isinstance(e, Refused) else "transient", limit)
+                       lambda e: e.kind if isinstance(e, Refused) else "transient", limit,
+                       limit_bytes)
     return step, sender, done, sup, clock, metrics
 
 
@@ -165,6 +167,26 @@ def test_at_the_limit_a_runner_waits_for_room() -> None:
     sender.sent[0][1].set_result(None)
     third.join(5)
     assert not third.is_alive() and len(sender.sent) == 3
+
+
+def test_past_the_byte_limit_a_runner_waits_and_a_larger_record_still_goes_alone() -> None:
+    """The producer's copies are bounded in bytes too (issue #45): with room for less than
+    one record, each waits for the one before to be acknowledged, and goes."""
+    step, sender, _done, _sup, _clock, _m = _step(limit=100, limit_bytes=1000)
+    ps = PartitionState("orders", 0)
+    big = Message("orders", 0, 0, b"k", b"v" * 5000)
+    assert step.submit(ps, big, ValueError("x"))  # nothing waits: it goes, alone
+    assert not step.has_room() and step.pending == 1
+    second = threading.Thread(target=step.submit,
+                              args=(ps, big._replace(offset=1), ValueError("x")))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and len(sender.sent) == 1  # waiting for the bytes to go
+    sender.sent[0][1].set_result(None)
+    second.join(5)
+    assert not second.is_alive() and len(sender.sent) == 2
+    sender.sent[1][1].set_result(None)
+    assert step.has_room() and step._pending_bytes == 0  # every byte counted back
 
 
 @pytest.mark.parametrize(("code", "kind"), [
