@@ -123,7 +123,9 @@ class Metrics:
             "progress with nothing running or holding it (/readyz answers 503 meanwhile)",
             ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
         self.lag = Gauge(
-            "kworkers_consumer_lag", "High watermark minus committed position",
+            "kworkers_consumer_lag", "Log end minus the group's position (the worker's own, "
+            "else the committed offset read at assignment), as `kworkers lag` counts it; "
+            "absent until known, removed when the partition is revoked",
             ["group", "topic", "partition"], registry=r)
         self.decode_failures = Counter(
             "kworkers_payload_decode_failures", "Keys and values the deserializers could not "

@@ -194,11 +194,15 @@ class Assembly:
         if rules is not None:
             gate = TierGate(cfg.delay_buffer, rules,
                             p.metrics.retry_lateness.labels(consumer.group), p.clock)
+        offsets = BrokerOffsets(cfg.client)
         return Processor(cfg.loop, consumer, topics,
                          self._runner(consumer.group, cfg.message_timeout, self.invoke),
-                         p.metrics, p.clock, p.supervisor, gate, BrokerOffsets(cfg.client),
+                         p.metrics, p.clock, p.supervisor, gate, offsets,
                          self._membership(consumer, real=made is None),
-                         self._transactions(consumer.group))
+                         self._transactions(consumer.group),
+                         # the lag gauge's reads at assignment: a consumer of a test's own has
+                         # no broker behind it
+                         lag_source=offsets if made is None else None)
 
     def _transactions(self, group: str) -> TransactionPort | None:
         """Exactly once: the loop's transactional producer, under an id derived from the

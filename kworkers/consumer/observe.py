@@ -1,4 +1,4 @@
-"""What the poll loop tells the outside about its partitions: the lag gauge, the views the stall
+"""What the poll loop tells the outside about its partitions: the views the stall
 watch judges, why paused partitions are paused. Read from the poll thread's state, never
 changing it, and kept out of the loop so the loop reads as what it does.
 """
@@ -10,7 +10,7 @@ from typing import Protocol
 
 from kworkers.clock import Clock
 from kworkers.consumer.partition import PartitionState
-from kworkers.consumer.ports import TP, ConsumerPort
+from kworkers.consumer.ports import TP
 from kworkers.consumer.stall import Hold, PartitionView
 from kworkers.consumer.tier_gate import TierGate
 
@@ -89,21 +89,3 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
         views.append(PartitionView(ps.tp, ps.progress_at, ps.tp in calling or ps.handoffs > 0,
                                    hold, tr.window, pos, ends))
     return tuple(views)
-
-
-def report_lag(parts: Iterable[PartitionState], consumer: ConsumerPort, lag: _Labelled,
-               group: str) -> None:
-    """High watermark minus committed position, per owned partition (no broker round trip:
-    the client caches watermarks from its fetch responses)."""
-    for ps in list(parts):
-        try:
-            _lo, hi = consumer.watermarks(ps.tp, 0.0)
-        except Exception:  # not fetched yet: nothing cached
-            continue
-        if hi < 0:
-            continue
-        base = ps.tracker.committed
-        if base is None:
-            base = ps.tracker.position
-        behind = hi - base if base is not None else hi
-        lag.labels(group, ps.topic, str(ps.partition)).set(max(0, behind))

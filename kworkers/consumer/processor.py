@@ -28,6 +28,7 @@ from kworkers.consumer.committer import Committer
 from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.dispatch import Dispatcher
 from kworkers.consumer.fencing import Membership
+from kworkers.consumer.lag_view import LagView
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort, TransactionPort
 from kworkers.consumer.runner import Runner
@@ -70,7 +71,8 @@ class Processor:
                  runner: Runner, metrics: Metrics, clock: Clock, supervisor: Supervisor,
                  gate: TierGate | None = None, offsets: LagSource | None = None,
                  membership: Membership | None = None,
-                 transactions: TransactionPort | None = None) -> None:
+                 transactions: TransactionPort | None = None,
+                 lag_source: LagSource | None = None) -> None:
         self.settings = settings
         self.supervisor = supervisor
         #: handler calls running on: unready past one bound, unhealthy past the other
@@ -125,6 +127,8 @@ class Processor:
         #: the partitions as the stall watch sees them (replaced whole, never mutated)
         self.stall_views: tuple[PartitionView, ...] = ()
         self._last_views = float("-inf")
+        #: the lag gauge, right from the first scrape (committed offsets read at assignment)
+        self.lag_view = LagView(group, lag_source, metrics.lag)
         self.stall_watch = StallWatch(
             self.group, settings.partition_stall_bound(), lambda: self.stall_views, offsets,
             clock, supervisor,
@@ -236,9 +240,9 @@ class Processor:
         self._supervise()
         self._backpressure()
         now = self.clock.monotonic()
-        if now - self._last_lag >= LAG_INTERVAL_S:
+        if now - self._last_lag >= LAG_INTERVAL_S or self.lag_view.fresh:
             self._last_lag = now
-            observe.report_lag(self.parts.values(), self.consumer, self.metrics.lag, self.group)
+            self.lag_view.report(self.parts.values(), self.consumer)
         if now - self._last_views >= VIEWS_INTERVAL_S:
             self._last_views = now
             decoder, pacer, breaker = self.runner.decoder, self.runner.pacer, self.runner.breaker
@@ -556,6 +560,7 @@ class Processor:
                 self.consumer.resume(list(tps))
         if self.gate is not None:
             self.gate.resize(len(self.parts))
+        self.lag_view.assigned([self.parts[tp] for tp in tps])
         log.info("%s assigned %s", self.group, sorted(tps))
 
     def _on_revoke(self, tps: list[TP]) -> None:
@@ -582,6 +587,7 @@ class Processor:
 
     def _forget(self, targets: list[PartitionState]) -> None:
         self.committer.settle(targets)
+        self.lag_view.forget(ps.tp for ps in targets)
         for ps in targets:
             if self.parts.get(ps.tp) is ps:
                 del self.parts[ps.tp]
