@@ -1,5 +1,9 @@
 """``kworkers deploy render``: the worker's Kubernetes and KEDA manifests, from its own config.
 
+Printed, the files are one multi-document YAML stream (each after a ``---`` line and a
+``# <file>`` comment), so ``kworkers deploy render ... | kubectl apply -f -`` applies them all;
+``--out DIR`` writes them as files instead.
+
 The config is the one ``kworkers run`` would run: the worker module's, with the ``--config``
 file, the ``KWORKERS_*`` environment and the flags applied (``kworkers.settings``), so what is
 rendered is what would run. Rendering is ``kworkers.deploy``; no broker is contacted.
@@ -85,8 +89,8 @@ def deploy_render(target: str, image: str, app: str, partitions: int, namespace:
                    prometheus=prometheus, tls_secret=tls_secret, tls_client_cert=tls_client_cert,
                    plaintext_sasl=allow_plaintext_sasl)
     for name, text in sorted(files.items()):
-        if out_dir is None:
-            click.echo(f"# --- {name}\n{text}")
+        if out_dir is None:  # one multi-document stream: `| kubectl apply -f -` takes it
+            click.echo(f"---\n# {name}\n{text}", nl=False)
             continue
         path = Path(out_dir) / name
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -227,6 +227,45 @@ def render(
     return {name: dump(obj, notes[name]) for name, obj in objs.items()}
 
 
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+_IPV6 = re.compile(r"\[([0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?)\]")
+
+
+def bootstrap_hosts(bootstrap: str) -> list[tuple[str, int]]:
+    """Each ``HOST:PORT`` of a comma-separated bootstrap list (IPv6 as ``[addr]:port``, port
+    1-65535, no scheme), as KEDA's Kafka scaler needs it: librdkafka would take ``kafka`` and
+    mean ``kafka:9092``, the scaler would not. ``ConfigError`` naming the first bad entry."""
+    out: list[tuple[str, int]] = []
+    for raw in bootstrap.split(","):
+        entry = raw.strip()
+        why = _bad_entry(entry)
+        if why is not None:
+            raise ConfigError(f"bootstrap servers {bootstrap!r}: {entry!r} {why}")
+        host, _, port = entry.rpartition(":")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def _bad_entry(entry: str) -> str | None:
+    """Why ``entry`` is not ``HOST:PORT``, or None."""
+    if not entry:
+        return "is empty (a stray comma?)"
+    if "://" in entry:
+        return "has a scheme: give HOST:PORT (kafka:9092), no scheme"
+    host, colon, port = entry.rpartition(":")
+    if not colon:
+        return "has no port: give HOST:PORT (KEDA's scaler needs the port, usually 9092)"
+    if not host:
+        return "has no host: give HOST:PORT"
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        return f"has port {port!r}: a port is a number from 1 to 65535"
+    if host.startswith("["):
+        return None if _IPV6.fullmatch(host) else "is not an IPv6 address as [addr]:port"
+    if ":" in host:
+        return "looks like an IPv6 address: write it as [addr]:port"
+    return None if _HOST.fullmatch(host) else f"has host {host!r}, not a host name"
+
+
 def _check_bootstrap(bootstrap: str, allow_loopback: bool) -> None:
     """A pod must be told where the cluster is: never the default, never itself."""
     if bootstrap == DEFAULT_BOOTSTRAP:
@@ -234,7 +273,7 @@ def _check_bootstrap(bootstrap: str, allow_loopback: bool) -> None:
                           f"{DEFAULT_BOOTSTRAP} would be written into the ConfigMap and the "
                           "KEDA triggers): pass --bootstrap HOST:PORT (or "
                           "KWORKERS_BOOTSTRAP_SERVERS, or bootstrap.servers in --config)")
-    hosts = [b.strip().rpartition(":")[0].strip("[]").lower() for b in bootstrap.split(",")]
+    hosts = [host.lower() for host, _port in bootstrap_hosts(bootstrap)]
     loopback = [h for h in hosts if h == "localhost" or h.startswith("127.") or h == "::1"]
     if loopback and not allow_loopback:
         raise ConfigError(f"bootstrap servers {bootstrap}: a loopback address in a pod is the "

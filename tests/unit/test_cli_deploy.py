@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = str(Path(__file__).resolve().parents[2])
 BARE = [sys.executable, "-m", "kworkers.cli", "deploy", "render",
@@ -16,12 +18,24 @@ BARE = [sys.executable, "-m", "kworkers.cli", "deploy", "render",
 ARGS = [*BARE, "-b", "kafka.example:9092"]
 
 
-def test_render_prints_every_manifest() -> None:
+def test_render_prints_every_manifest_as_one_multi_document_stream(tmp_path: Path) -> None:
+    """Issue #46, bug 4: stdout is what `kubectl apply -f -` reads, so `safe_load_all` must
+    see each file as a document of its own, equal to the file `--out` writes (before the fix
+    the files were separated by comments only: one document, the ConfigMap's and the
+    Deployment's keys overwritten by the ScaledObject's)."""
     out = subprocess.run(ARGS, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(out.stdout))
+    written = subprocess.run([*ARGS, "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+    assert written.returncode == 0, written.stderr
+    files = sorted(p for p in tmp_path.rglob("*.yaml"))
+    assert docs == [yaml.safe_load(p.read_text()) for p in
+                    sorted(files, key=lambda p: str(p.relative_to(tmp_path)))]
+    kinds = [d["kind"] for d in docs]
+    assert {"ConfigMap", "Deployment", "ScaledObject"} <= set(kinds), kinds
     for name in ("k8s/configmap.yaml", "k8s/deployment.yaml", "keda/scaledobject.yaml"):
-        assert f"# --- {name}" in out.stdout
-    assert "kind: ScaledObject" in out.stdout
+        assert f"# {name}" in out.stdout
 
 
 def test_render_writes_files(tmp_path: Path) -> None:
@@ -120,3 +134,28 @@ def test_tls_secrets_are_mounted_as_files() -> None:
     assert "--tls-client-cert reads tls.crt and tls.key from the TLS Secret" in line
     line = _one_line(_render("--tls-secret", "kafka-ca", "-X", "security.protocol=PLAINTEXT"))
     assert "certificates need SSL or SASL_SSL" in line
+
+
+@pytest.mark.parametrize(("bootstrap", "why"), [
+    ("kafka", "has no port"), ("kafka:notaport", "has port 'notaport'"),
+    ("http://kafka:9092", "has a scheme"), ("kafka:99999", "has port '99999'"),
+    ("kafka:0", "has port '0'"), ("::1:9092", "write it as [addr]:port"),
+    ("k1:9092,,k2:9092", "is empty"), (":9092", "has no host"), ("ka fka:9092", "host name"),
+    ("[zz]:9092", "not an IPv6 address")])
+def test_a_broken_bootstrap_entry_is_named(bootstrap: str, why: str) -> None:
+    """Issue #46, bug 5: each entry HOST:PORT ([addr]:port for IPv6), port 1-65535, no
+    scheme: what KEDA's scaler needs (librdkafka alone would have taken `kafka` as :9092)."""
+    from kworkers.deploy.manifests import bootstrap_hosts
+    from kworkers.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        bootstrap_hosts(bootstrap)
+
+
+def test_good_bootstrap_lists_pass_and_a_broken_one_is_one_line_exit_2() -> None:
+    from kworkers.deploy.manifests import bootstrap_hosts
+
+    assert bootstrap_hosts("k1:9092, k2.ns.svc:19092,[fe80::1]:9093") == [
+        ("k1", 9092), ("k2.ns.svc", 19092), ("fe80::1", 9093)]
+    line = _one_line(_render(base=[*BARE, "-b", "kafka"]))
+    assert "'kafka' has no port" in line, line
