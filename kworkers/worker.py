@@ -134,7 +134,8 @@ class Worker:
             self._decoder = RecordDecoder(
                 value_deserializer, key_deserializer, backoff=decode_backoff,
                 on_failure=lambda field, kind: failures.labels(group, field, kind).inc(),
-                on_waiting=lambda n: waiting.labels(group).set(n))
+                on_waiting=lambda n: waiting.labels(group).set(n),
+                clock=self.clock.monotonic)  # the stall watch's clock: one time for both
             waiting.labels(group).set(0)  # shown from the first scrape
         self._idempotency = idempotency
         self._rate_store = rate_store

@@ -43,6 +43,7 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
                 clock: Clock | None = None,
                 breaker_ends: float | None = None,
                 asked: Mapping[TP, float] | None = None,
+                registry_due: Mapping[TP, float] | None = None,
                 leases: Mapping[TP, float] | None = None,
                 memory: bool = False) -> tuple[PartitionView, ...]:
     """The partitions as the stall watch needs them (``kworkers.consumer.stall``).
@@ -55,7 +56,8 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
     time (the gate's own account of what it admitted and released), the breaker's end of
     cool-down (``breaker_ends``), the moment a rate-limited record last asked for a token
     (``asked``: a waiter asks every few milliseconds and takes a token as soon as there is
-    one), the lease's expiry. ``stall.overdue`` judges them.
+    one), the moment a record waiting for the schema registry should have asked it again
+    (``registry_due``), the lease's expiry. ``stall.overdue`` judges them.
 
     ``memory``: the loop holds its byte bound (``backpressure``): a partition holding nothing
     waits for the others' records to complete, a hold that ends with the loop's next
@@ -77,6 +79,7 @@ def stall_views(parts: Iterable[PartitionState], calling: Set[TP], gate: TierGat
             ends = None if due is None else mono - (wall - due)
         if hold is None and ps.tp in registry:
             hold = Hold.REGISTRY
+            ends = None if registry_due is None else registry_due.get(ps.tp)
         if hold is None and ps.tp in rate_limited:
             hold = Hold.RATE_LIMIT
             ends = None if asked is None else asked.get(ps.tp)

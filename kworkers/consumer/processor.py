@@ -252,7 +252,8 @@ class Processor:
                 decoder.waiting() if decoder is not None else frozenset(), self._fenced,
                 pacer.waiting() if pacer is not None else frozenset(), clock=self.clock,
                 breaker_ends=breaker.cooldown_ends() if breaker is not None else None,
-                asked=pacer.asked() if pacer is not None else None, memory=self._over)
+                asked=pacer.asked() if pacer is not None else None, memory=self._over,
+                registry_due=decoder.asks_due() if decoder is not None else None)
         self._commits(now)
 
     @property

@@ -67,6 +67,11 @@ class Decoder(Protocol):
         """The partitions whose next record waits for the registry (a hold, not a stall)."""
         ...
 
+    def asks_due(self) -> dict[TP, float]:
+        """When each of those partitions' records should have asked the registry again by
+        (monotonic): a wait past it has stopped asking, no longer a hold (``stall.overdue``)."""
+        ...
+
 
 class PaceRequest:
     """Asked of the runtime by ``Runner.steps``: tokens of rate-limit bucket ``name`` for up

@@ -134,6 +134,8 @@ class RecordDecoder:
         self._lock = threading.Lock()
         #: partitions between tries (or in a retry) after a transient failure
         self._waiting: dict[TP, int] = {}
+        #: when a waiting record of each partition last asked the registry (``asks_due``)
+        self._asked: dict[TP, float] = {}
         #: first tries under way: token -> (partition, start); written without the lock
         #: (single dict operations), copied whole by ``waiting``
         self._calls: dict[int, tuple[TP, float]] = {}
@@ -159,13 +161,29 @@ class RecordDecoder:
             self._overrun = late
         return set(self._publish())
 
+    def asks_due(self) -> dict[TP, float]:
+        """When each partition waiting after a transient failure should have asked the
+        registry again by (on the decoder's clock): a waiting record tries at least every
+        ``backoff.max`` and a try is answered within ``backoff.timeout``, so a wait past this
+        time by the stall bound has stopped asking (``stall.overdue``), whatever it claims. A
+        first try unanswered past the bound has no such time: that hold lasts while the call
+        does (see the module doc)."""
+        b = self.backoff
+        with self._lock:
+            return {tp: t + b.max + b.timeout for tp, t in self._asked.items()}
+
+    def _asking(self, tp: TP) -> None:
+        self._asked[tp] = self._clock()  # one store, under the GIL
+
     def _wait(self, tp: TP, delta: int) -> None:
         with self._lock:
             n = self._waiting.get(tp, 0) + delta
             if n > 0:
                 self._waiting[tp] = n
+                self._asked[tp] = self._clock()
             else:
                 self._waiting.pop(tp, None)
+                self._asked.pop(tp, None)
         self._publish()
 
     def _publish(self) -> frozenset[TP]:
@@ -274,6 +292,7 @@ class RecordDecoder:
                 tries += 1
                 if self._sleep_unless(halted, self.backoff.delay(tries)):
                     return ABANDONED
+                self._asking(tp)
                 result = self._once(msg)
                 if result is not None:
                     return result
@@ -324,6 +343,7 @@ class RecordDecoder:
                     await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
                 if halted():
                     return ABANDONED
+                self._asking(tp)
                 result = await self._aonce(msg)
                 if result is not None:
                     return result

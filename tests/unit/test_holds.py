@@ -158,6 +158,40 @@ def test_a_rate_limited_record_asks_again_and_again_and_its_wait_ends_with_the_h
     assert p.asked() == {} and p.waiting() == set()
 
 
+def test_a_record_waiting_for_the_registry_asks_again_and_again() -> None:
+    """Between tries after a transient failure the record asks again at least every
+    ``backoff.max`` and each try is answered within ``backoff.timeout``: the hold's end moves
+    with each ask, and goes when the record decodes."""
+    from kworkers.payloads.decode import DecodeBackoff, RecordDecoder
+
+    clock = FakeClock(0.0)
+    dues: list[Mapping[TP, float]] = []
+    tries = {"n": 0}
+
+    def registry(data: bytes | None, ctx: Any) -> Any:
+        tries["n"] += 1
+        if tries["n"] < 4:
+            raise TimeoutError("read timed out")
+        return data
+
+    def sleep(s: float) -> None:
+        clock.advance(s)
+        dues.append(d.asks_due())
+
+    d = RecordDecoder(registry, backoff=DecodeBackoff(0.5, 1.0, timeout=2.0), sleep=sleep,
+                      clock=clock.monotonic)
+    got = d.decode(Message("t", 0, 0, None, b"x"), lambda: False)
+    assert isinstance(got, Message) and tries["n"] == 4
+    ends = sorted({due[("t", 0)] for due in dues if ("t", 0) in due})
+    assert len(ends) == 3 and all(e - 3.0 <= clock.monotonic() for e in ends)  # max + timeout
+    assert d.asks_due() == {}
+    ps = _state(clock)
+    ps.tracker.track(0)
+    [view] = observe.stall_views([ps], set(), None, False, False, {ps.tp}, clock=clock,
+                                 registry_due={ps.tp: 10.0})
+    assert view.hold is Hold.REGISTRY and view.hold_ends == 10.0
+
+
 # ---------------------------------------------------------------- the canary, on a worker
 
 
