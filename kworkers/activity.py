@@ -16,11 +16,20 @@ makes them); else the place where the work first entered Kafka,
 redrive (``kworkers.record_key``). A worker made with ``require_ids=True`` refuses records
 without ids instead (``MissingActivityIds``, to the DLQ).
 With an ``IdempotencyStore`` the invoker claims the key with a lease
-before the handler runs: a key already done is skipped (the redelivery is absorbed), a key
-leased by a live attempt elsewhere is retried later, an expired lease is taken over with the
-last heartbeat details. The handler's effect must itself be keyed (a unique constraint, or
+before the handler runs: a key already done is skipped (the redelivery is absorbed); a key
+leased by a live attempt elsewhere (or by another attempt of this process) is ``LeaseBusy``:
+not the record's failure, its runner waits for the lease's end and runs it again, spending no
+attempt; an expired lease means the attempt before never finished (its worker died or hung
+holding it: seed 000 counts that as a failed attempt), so the record does not run in this
+attempt: it is ``AttemptCrashed``, routed like any failed attempt (retried after the policy's
+backoff with the last heartbeat details, which stay with the key; dead-lettered past
+``max_attempts``), so a record that kills its worker every time ends in the DLQ instead of
+holding its partition. The handler's effect must itself be keyed (a unique constraint, or
 ``apply_once`` in the store's transaction): the lease makes "claim, then work" safe against a
 worker dying between the two, the key makes the effect happen once.
+
+Heartbeat details also travel on the retry record (``kw-checkpoint``, up to 4 KiB), so the
+next attempt resumes from them without a store too.
 """
 
 from __future__ import annotations
@@ -40,14 +49,27 @@ from kworkers.consumer.outputs import Output, current_sink
 from kworkers.consumer.partition import Lane
 from kworkers.consumer.runner import current_lane
 from kworkers.envelope.envelope import ActivityTask, EnvelopeCodec, ids_from_headers, ids_to_headers
-from kworkers.errors import BatchError, ConfigError, DecodeError, FencedError, RetryableError
+from kworkers.errors import (
+    AttemptCrashed,
+    BatchError,
+    ConfigError,
+    DecodeError,
+    FencedError,
+    LeaseBusy,
+)
 from kworkers.idempotency.attempts import LiveAttempts
 from kworkers.idempotency.store import ClaimState, IdempotencyStore
 from kworkers.message import Headers, Message
 from kworkers.payloads.serde import Serializer, serialize
 from kworkers.record_key import RecordKeys, bound
+from kworkers.retry_tiers.headers import CHECKPOINT, last_value
+from kworkers.topic_names import is_tier_topic
 
 _UNSET: Any = object()
+#: a takeover of an expired lease is the dead attempt's failure (``AttemptCrashed``); False
+#: only in the canary that shows the crash-loop test has teeth (the rule before issue #43: the
+#: takeover runs, counted as the record's attempt + 1, which a redelivery never moves past)
+CRASHES_COUNT = True
 
 
 class _Context:
@@ -160,7 +182,8 @@ def id_headers(workflow_id: str, activity_id: str) -> Headers:
 
 
 def attempt() -> int:
-    """The record's attempt; a takeover of a crashed attempt's expired lease counts as one more."""
+    """The record's attempt (an attempt whose worker died holding the record counted: it
+    reached this one through a retry tier as ``AttemptCrashed``)."""
     return _ctx().attempt
 
 
@@ -170,7 +193,13 @@ def task() -> ActivityTask | None:
 
 
 def heartbeat_details() -> bytes | None:
-    return _ctx().details
+    """The last heartbeat details of an earlier attempt (or of this one), or None: from the
+    idempotency store, else from the retry record this attempt runs (``kw-checkpoint``, which
+    the hand-off wrote; read only on a tier record, which the tier gate checked)."""
+    ctx = _ctx()
+    if ctx.details is None and ctx.heartbeats == 0 and is_tier_topic(ctx.msg.topic):
+        return last_value(ctx.msg.headers, CHECKPOINT)
+    return ctx.details
 
 
 def record_heartbeat(details: bytes) -> None:
@@ -185,6 +214,9 @@ def record_heartbeat(details: bytes) -> None:
                           "heartbeat refused")
     ctx.details = details
     ctx.heartbeats += 1
+    sink = current_sink.get()
+    if sink is not None:  # the runner hands it on with a failure (``errors.keep_checkpoint``)
+        sink.checkpoint = (ctx.msg, details)
     inv = ctx.invoker
     if inv is not None and inv.store is not None and ctx.token is not None:
         key, now = idempotency_key(), inv.clock.now()
@@ -295,13 +327,15 @@ class ActivityInvoker:
         return keys.key(msg), None
 
     def _claim(self, key: str | None) -> tuple[int | None, bytes | None, bool, bool]:
-        """(token, details, skip, takeover)."""
+        """(token, details, skip, takeover). ``LeaseBusy`` while another attempt holds the
+        key; ``AttemptCrashed`` for the takeover of an expired lease (see the module doc)."""
         if self.store is None or key is None:
             return None, None, False, False
         now = self.clock.now()
         if not self.live.begin(key, now, self.lease_s):  # see kworkers.idempotency.attempts
-            raise RetryableError("LeaseBusy", f"{key} is being worked on by another attempt "
-                                 "in this process")
+            until = self.live.until(key) or now
+            raise LeaseBusy(key, until, f"{key} is being worked on by another attempt in this "
+                            f"process (its lease ends in {until - now:.1f}s)")
         try:
             claim = self.store.claim(key, self.owner, self.lease_s, now)
         except BaseException:
@@ -312,15 +346,28 @@ class ActivityInvoker:
             if claim.state is ClaimState.DONE:
                 self.skipped += 1
                 return None, None, True, False
-            raise RetryableError("LeaseBusy", f"{key} is being worked on by a live attempt")
+            raise LeaseBusy(key, claim.lease_until, f"{key} is being worked on by a live "
+                            f"attempt (its lease ends in {claim.lease_until - now:.1f}s)")
+        if claim.expired and CRASHES_COUNT:
+            # The attempt before never finished: counted as failed, this one does not run.
+            # The lease is given back (details kept) so the retry claims it at once.
+            try:
+                self.store.release(key, claim.token)
+            finally:
+                self.live.end(key, None)
+            raise AttemptCrashed(f"the attempt before this one never finished: {key}'s lease "
+                                 "ran out with no heartbeat (its worker died or hung "
+                                 "holding it)")
         self.live.hold(key, claim.token, claim.lease_until)
         return claim.token, claim.details, False, claim.takeover
 
     def _context(self, msg: Message, keys: RecordKeys | None, key: str | None,
                  t: ActivityTask | None, token: int | None, details: bytes | None,
                  takeover: bool) -> _Context:
-        return _Context(msg, self, keys, key, t, details, token,
-                        msg.attempt + (1 if takeover else 0))
+        # (a crashed attempt is counted by the record itself now: it came here through a tier;
+        # the rule before issue #43, kept for its canary, counted a takeover here)
+        bump = 1 if takeover and not CRASHES_COUNT else 0
+        return _Context(msg, self, keys, key, t, details, token, msg.attempt + bump)
 
     def _done(self, ctx: _Context, ok: bool) -> None:
         if self.store is None or ctx.key is None or ctx.key is _UNSET or ctx.token is None:

@@ -12,6 +12,8 @@ goes (retry tier or DLQ). Everything a user may catch derives from ``KworkersErr
     ├── BatchError             raised by batch handlers: which records of the batch failed
     └── ActivityFailure        raised by handlers to type a failure
         ├── RetryableError     retry with backoff (the default for any other exception)
+        │   ├── LeaseBusy      the record's key is another live attempt's: wait, no attempt spent
+        │   └── AttemptCrashed the attempt before never finished (its lease ran out): counted
         └── NonRetryableError  goes to the DLQ after this attempt
 
 Failure types survive ``raise X from err`` and wrapping: ``failure_type`` and
@@ -95,6 +97,30 @@ class RetryableError(ActivityFailure):
     """Try again later, after the policy's backoff."""
 
 
+class LeaseBusy(RetryableError):
+    """Another attempt holds the record's key (an idempotency store's lease, or another
+    attempt of this process), until ``until`` (epoch seconds, as the store said). Not a
+    failure of the record: a runner waits for the lease's end and runs the record again,
+    spending no attempt (``Runner.steps``). Where nothing can wait (an inline handler on the
+    poll thread) it is retried like any retryable failure."""
+
+    def __init__(self, key: str, until: float, message: str) -> None:
+        super().__init__("LeaseBusy", message)
+        self.key = key
+        self.until = until
+
+
+class AttemptCrashed(RetryableError):
+    """The attempt before this one never finished: its lease ran out unreleased, with no
+    heartbeat, so its worker died or hung holding the record (seed 000: a lease that expires is
+    a failed attempt). The record does not run in this attempt: it is routed like any failed
+    attempt, so it is retried after the policy's backoff, and past ``max_attempts`` dead-lettered
+    with this type and the attempts made. Its last heartbeat details stay with the key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("AttemptCrashed", message)
+
+
 class NonRetryableError(ActivityFailure):
     """Retrying cannot help (bad input, a broken invariant): dead-letter after this attempt."""
 
@@ -155,3 +181,20 @@ def failure_message(exc: BaseException) -> str:
     if typed is not None:
         return typed.message
     return str(exc)
+
+
+#: where a failed attempt's last heartbeat details travel with its exception to the hand-off
+_CHECKPOINT = "__kworkers_checkpoint__"
+
+
+def keep_checkpoint(exc: BaseException, details: bytes) -> None:
+    """Marks ``exc`` with the last heartbeat details of the attempt that raised it: the
+    hand-off writes them on the retry record, so the next attempt resumes from them with or
+    without an idempotency store (``activity.heartbeat_details``)."""
+    setattr(exc, _CHECKPOINT, details)
+
+
+def checkpoint_of(exc: BaseException) -> bytes | None:
+    """The details ``keep_checkpoint`` put on ``exc``, if any."""
+    got = getattr(exc, _CHECKPOINT, None)
+    return got if isinstance(got, bytes) else None

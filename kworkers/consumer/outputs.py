@@ -42,13 +42,16 @@ class Sink:
     store's completion of the record's key waits for them: a key marked done before its
     outputs were durable would skip them on a redelivery)."""
 
-    __slots__ = ("_offsets", "after", "batch", "outputs")
+    __slots__ = ("_offsets", "after", "batch", "checkpoint", "outputs")
 
     def __init__(self) -> None:
         self.outputs: list[Output] = []
         self.after: list[Callable[[], None]] = []
         self.batch: Sequence[Message] | None = None
         self._offsets: set[int] | None = None
+        #: the last heartbeat of a call of this pass: (the record the handler saw, details);
+        #: the runner hands it on with that call's failure (``errors.keep_checkpoint``)
+        self.checkpoint: tuple[Message, bytes] | None = None
 
     def calling(self, batch: Sequence[Message]) -> None:
         """A batch call begins with these records (of one partition)."""

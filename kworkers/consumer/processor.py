@@ -253,7 +253,8 @@ class Processor:
                 pacer.waiting() if pacer is not None else frozenset(), clock=self.clock,
                 breaker_ends=breaker.cooldown_ends() if breaker is not None else None,
                 asked=pacer.asked() if pacer is not None else None, memory=self._over,
-                registry_due=decoder.asks_due() if decoder is not None else None)
+                registry_due=decoder.asks_due() if decoder is not None else None,
+                leases=self.runner.lease_waits())
         self._commits(now)
 
     @property

@@ -33,6 +33,7 @@ from kworkers.consumer.steps import (
     EmitRequest,
     HandOffRequest,
     HandOffs,
+    LeaseWait,
     Pacer,
     PaceRequest,
     Progress,
@@ -41,7 +42,7 @@ from kworkers.consumer.steps import (
     Steps,
     TimedOut,
 )
-from kworkers.errors import BatchError
+from kworkers.errors import BatchError, LeaseBusy, keep_checkpoint
 from kworkers.message import Message
 
 #: a runner gives its thread up after this long on one lane when other runners wait for one
@@ -57,6 +58,20 @@ current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
 
 #: sent in place of a handler's result once its outputs went to the hand-off step
 _EMITTED = BaseException("outputs emitted")
+
+#: a record whose key another attempt holds (``LeaseBusy``) waits in its lane for the lease's
+#: end, asking again at least this often (the holder may finish sooner), and no attempt is
+#: spent; False only in the canary that shows the lease test has teeth (the rule before issue
+#: #43: a busy lease was a failed attempt, and a short policy dead-lettered it as LeaseBusy)
+LEASES_WAIT = True
+RECLAIM_S = 1.0
+#: how long after the lease's end it asks again (the store's clock and this one may differ)
+LEASE_SLACK_S = 0.05
+
+#: what a lease wait may end in besides the handler's result
+_HALTED = BaseException("halted while waiting for a lease")
+_FENCED = BaseException("fenced while waiting for a lease")
+_TAKEN = BaseException("the lane was taken over while waiting for a lease")
 
 
 def _sink() -> Sink:
@@ -100,6 +115,56 @@ class Runner:
         #: the worker's rate limit: each record takes a token before it starts (after its
         #: decoding, before its deadline)
         self.pacer = pacer
+        #: a record whose key another attempt holds waits in its lane (nothing may wait on the
+        #: poll thread: an inline handler's is retried as a failure instead)
+        self.waits_leases = LEASES_WAIT and not runtime.is_inline
+        #: the lanes waiting for a lease now: lane -> (partition, the lease's end, monotonic)
+        self._leases: dict[Lane, tuple[tuple[str, int], float]] = {}
+
+    def lease_waits(self) -> dict[tuple[str, int], float]:
+        """The partitions whose next record waits for another attempt's lease, with the
+        earliest end of those leases (monotonic): a hold until then (``Hold.LEASE``)."""
+        out: dict[tuple[str, int], float] = {}
+        for _ in range(3):  # runners change the dict meanwhile
+            try:
+                waits = list(self._leases.values())
+                break
+            except RuntimeError:
+                continue
+        else:
+            return out
+        for tp, end in waits:
+            out[tp] = min(end, out.get(tp, end))
+        return out
+
+    def _lease_wait(self, lane: Lane, busy: LeaseBusy) -> Generator[Request, Any, bool]:
+        """Waits (yields ``LeaseWait``) until ``busy``'s lease ends or ``RECLAIM_S`` passed;
+        False when the partition halted or fenced meanwhile."""
+        clock = self.clock
+        left = max(0.0, busy.until - clock.now())
+        self._leases[lane] = (lane.part.tp, clock.monotonic() + left)
+        try:
+            waited: bool = yield LeaseWait(min(left + LEASE_SLACK_S, RECLAIM_S))
+        finally:
+            self._leases.pop(lane, None)
+        return waited
+
+    def _run_again(self, lane: Lane, inc: int, msg: Message, shown: Message,
+                   batch: list[Item], i: int, busy: LeaseBusy
+                   ) -> Generator[Request, Any, BaseException | None]:
+        """A record whose key another attempt holds: wait, run it again, until it runs (its
+        result) or the wait ends another way (``_HALTED``, ``_FENCED``, ``_TAKEN``)."""
+        watched, now = self.watched, self.clock.monotonic
+        err: BaseException | None = busy
+        while isinstance(err, LeaseBusy):
+            if watched:
+                lane.end()  # no deadline runs while it waits
+            if not (yield from self._lease_wait(lane, err)):
+                return _HALTED if _halted(lane.part) else _FENCED
+            if watched and not lane.begin(inc, msg, now(), batch, i):
+                return _TAKEN
+            err = yield shown
+        return err
 
     def start(self, lane: Lane, items: list[Item], inc: int,
               timed_out: TimedOut | None = None) -> None:
@@ -215,6 +280,17 @@ class Runner:
                         if watched and not lane.begin(inc, msg, now(), batch, i):
                             break
                         err = yield shown
+                        if err is not None and type(err) is LeaseBusy and self.waits_leases:
+                            err = yield from self._run_again(lane, inc, msg, shown, batch, i,
+                                                             err)
+                            if err is _HALTED:
+                                stopped = True
+                                break
+                            if err is _FENCED:
+                                prog.hold(inc, batch[i:])
+                                return
+                            if err is _TAKEN:
+                                break
                         if sink.outputs:
                             if err is None and not (watched and lane.incarnation != inc):
                                 emit = EmitRequest(of_record(msg, sink), sink.after)
@@ -238,9 +314,15 @@ class Runner:
                     prog.record(msg.offset)
                 elif err is _EMITTED:
                     pass
-                elif not (yield HandOffRequest(msg, err)):
-                    stopped = True
-                    break
+                else:
+                    cp = sink.checkpoint
+                    if cp is not None and not isinstance(item, Poisoned):
+                        sink.checkpoint = None
+                        if cp[0] is shown:  # this call's last heartbeat: to the next attempt
+                            keep_checkpoint(err, cp[1])
+                    if not (yield HandOffRequest(msg, err)):
+                        stopped = True
+                        break
                 if now() - t_pass >= QUANTUM_S and i + 1 < len(batch) and contended():
                     rest = batch[i + 1:]  # others wait for a thread: give this one up
                     break
@@ -347,11 +429,18 @@ class Runner:
                         emit = EmitRequest(of_batch(records, shown, failed, sink), sink.after)
                     sink.reset()
                 emitting = {m.offset for m, _ in emit.emitted} if emit is not None else ()
+                #: records whose key another attempt holds: not run, run again after a wait
+                busy = ({m: e for m, e in failed.items() if type(e) is LeaseBusy}
+                        if failed and self.waits_leases else {})
+                for m in busy:
+                    del failed[m]
                 prog.ran(len(failed) + len(emitting))
-                if not failed and not emitting:  # the common case: one step for the batch
+                if not failed and not emitting and not busy:  # the common case: one step
                     prog.record_many([m.offset for m in records])
                 else:
                     for m in records:
+                        if m in busy:
+                            continue
                         exc = failed.get(m)
                         if exc is None:
                             if m.offset not in emitting:
@@ -362,6 +451,16 @@ class Runner:
                 if emit is not None and emit.emitted and not (yield emit):
                     prog.finish(inc)
                     return
+                if busy:
+                    prog.post()
+                    first = min(busy.values(), key=lambda e: e.until)
+                    if not (yield from self._lease_wait(lane, first)):
+                        if _halted(ps):
+                            prog.finish(inc)
+                        else:
+                            prog.hold(inc, [*busy, *pending])
+                        return
+                    pending = [*busy, *pending]
             prog.post()
             if not pending:
                 nxt = lane.next_batch(inc)

@@ -33,6 +33,7 @@ from kworkers.consumer.steps import (
     EmitRequest,
     HandOffRequest,
     Job,
+    LeaseWait,
     PaceRequest,
     TimedOut,
     Wait,
@@ -41,6 +42,9 @@ from kworkers.message import Message
 from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.runtime")
+
+#: a lease wait looks for a revoke, a stop or a fence at least this often
+LEASE_STEP_S = 0.1
 
 
 class _Call:
@@ -169,6 +173,11 @@ def _drive_sync(runner: Job, lane: Lane, items: list[Item], inc: int,
                     assert runner.pacer is not None
                     req = send(runner.pacer.acquire(req.tp, req.name, req.want,
                                                     lambda: ps.halted or ps.fenced))
+                elif isinstance(req, LeaseWait):  # a real sleep, whatever the clock
+                    end = time.monotonic() + req.seconds
+                    while not (ps.halted or ps.fenced) and time.monotonic() < end:
+                        time.sleep(min(LEASE_STEP_S, max(0.0, end - time.monotonic())))
+                    req = send(not (ps.halted or ps.fenced))
                 else:
                     raise TypeError(f"a runner asked for {req!r}")
                 continue
@@ -437,6 +446,13 @@ class AsyncRuntime:
                         assert runner.pacer is not None
                         req = steps.send(await runner.pacer.aacquire(
                             req.tp, req.name, req.want, lambda: ps.halted or ps.fenced))
+                        continue
+                    if isinstance(req, LeaseWait):  # a real sleep, whatever the clock
+                        end = time.monotonic() + req.seconds
+                        while not (ps.halted or ps.fenced) and time.monotonic() < end:
+                            await asyncio.sleep(
+                                min(LEASE_STEP_S, max(0.0, end - time.monotonic())))
+                        req = steps.send(not (ps.halted or ps.fenced))
                         continue
                 result: BaseException | None = None
                 calls = self._calls

@@ -127,11 +127,24 @@ class Wait:
     SECONDS = 0.002
 
 
+class LeaseWait:
+    """Asked of the runtime by ``Runner.steps``: the record's key is another attempt's
+    (``errors.LeaseBusy``), wait ``seconds`` before it runs again (sleep or await, in short
+    steps). Sent back: True once waited, False when the partition halted or the member fenced
+    itself meanwhile (the record did not run)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
 WAIT = Wait()
 #: what ``Runner.steps`` yields: a record (or a batch of records) to run, a failure to hand off,
-#: outputs to send, a record to decode, tokens to take, or a short wait while a batch fills
+#: outputs to send, a record to decode, tokens to take, a short wait while a batch fills, or a
+#: wait for another attempt's lease
 Request = (Message | list[Message] | HandOffRequest | EmitRequest | DecodeRequest | PaceRequest
-           | Wait)
+           | Wait | LeaseWait)
 #: sent back: the handler's exception (or None) for a record or a batch; for a hand-off or
 #: outputs, True when the hand-off step took them (it completes the offsets once they are
 #: durable), False when abandoned; nothing for a wait

@@ -6,7 +6,8 @@ of one key in one process both got the lease and both applied the effect: a tier
 delivered beside the record it was handed off from, after a broker restart lost the commit
 between them (2026-12-02, the Redis kill loop: one process ran a key's source record and its
 tier record 1-2 ms apart, each applied), or a retry beside a call stuck past its deadline. Here
-the second attempt is refused (``LeaseBusy``, retried later) while the first's lease is live:
+the second attempt is refused (``LeaseBusy``: its runner waits, no attempt spent) while the
+first's lease is live:
 it ends when the first completes or releases, or when its lease would have run out (a complete
 that never comes, e.g. outputs refused for good, holds the key no longer than the store does).
 """
@@ -32,6 +33,12 @@ class LiveAttempts:
                 return False
             self._live[key] = (now + lease_s, None)
             return True
+
+    def until(self, key: str) -> float | None:
+        """When the lease of the attempt holding ``key`` in this process ends (None: none)."""
+        with self._lock:
+            held = self._live.get(key)
+            return None if held is None else held[0]
 
     def hold(self, key: str, token: int, until: float) -> None:
         with self._lock:

@@ -58,8 +58,12 @@ if live then return {'busy', token, h[4], 0, h[5]} end
 token = token + 1
 redis.call('HSET', k, 'owner', owner, 'token', token, 'status', 'leased', 'lease_until', until_new)
 local takeover = 0
-if h[1] and h[1] ~= owner then takeover = 1 end
-return {'acquired', token, until_new, takeover, h[5]}
+local expired = 0
+if h[1] and h[1] ~= owner then
+  takeover = 1
+  if h[3] == 'leased' then expired = 1 end
+end
+return {'acquired', token, until_new, takeover, h[5], expired}
 """
 
 _HEARTBEAT = (
@@ -135,7 +139,7 @@ class RedisStore:
         validate_claim_args(key, owner, lease_s)
         args = [owner, _num(now + lease_s), _num(now)]
         reply = cast(list[Any], self._claim(keys=[self._k(key)], args=args))
-        state, token, until, takeover, details = reply
+        state, token, until, takeover, details, *rest = reply
         return Claim(
             state=ClaimState(_text(state)),
             key=key,
@@ -143,6 +147,7 @@ class RedisStore:
             details=None if details is None else bytes(details),
             lease_until=float(_text(until)),
             takeover=bool(int(takeover)),
+            expired=bool(int(rest[0])) if rest else False,
         )
 
     def heartbeat(

@@ -69,7 +69,10 @@ class Claim:
     the current holder's, for information). ``details`` are the last heartbeat details, so a
     takeover resumes from the previous attempt's checkpoint instead of starting over.
     ``takeover`` is True when the key was held by *another* owner that neither completed it nor
-    kept its lease alive: that owner may have applied part of the effect.
+    kept its lease alive: that owner may have applied part of the effect. ``expired`` is True
+    when that owner's lease ran out unreleased (not given up after a failure): its attempt
+    never finished, its worker died or hung holding the key, and it counts as a failed attempt
+    (``errors.AttemptCrashed``).
     """
 
     state: ClaimState
@@ -78,6 +81,7 @@ class Claim:
     details: bytes | None
     lease_until: float
     takeover: bool
+    expired: bool = False
 
     @property
     def acquired(self) -> bool:
@@ -207,7 +211,8 @@ def decide_claim(
     token = row.token + 1
     new = LeaseRow(owner, token, "leased", now + lease_s, row.details)
     takeover = row.owner is not None and row.owner != owner
-    return Claim(ClaimState.ACQUIRED, key, token, row.details, new.lease_until, takeover), new
+    return Claim(ClaimState.ACQUIRED, key, token, row.details, new.lease_until, takeover,
+                 takeover and row.status == "leased"), new
 
 
 def check_fence(row: LeaseRow | None, key: str, token: int, what: str) -> LeaseRow:

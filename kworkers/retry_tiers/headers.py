@@ -39,6 +39,9 @@ DUE_AT = "kw-due-at"
 DEAD_LETTERED_AT = "kw-dead-lettered-at"
 DLQ_REASON = "kw-dlq-reason"
 REDRIVE_OF = "kw-redrive-of"
+#: the last heartbeat details of the attempt that failed, on a retry record (raw bytes, at
+#: most ``MAX_HEADER_VALUE``): the next attempt resumes from them without a store too
+CHECKPOINT = "kw-checkpoint"
 TRACEPARENT = "traceparent"
 
 SPRING_ORIGINAL_TOPIC = "kafka_dlt-original-topic"
@@ -56,7 +59,7 @@ OWN_HEADERS = frozenset({
     ATTEMPT, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP,
     ORIGINAL_TOPIC_ID, GROUP,
     FIRST_FAILURE_AT, LAST_FAILURE_AT, ERROR_TYPE, ERROR_MESSAGE, DUE_AT, DEAD_LETTERED_AT,
-    DLQ_REASON, REDRIVE_OF,
+    DLQ_REASON, REDRIVE_OF, CHECKPOINT,
 })
 OWN_PREFIXES = ("kafka_dlt-",)
 
@@ -404,10 +407,14 @@ class FailureHeaders:
         return o, out
 
     def retry(self, msg: Message, now: float, due_at: float,
-              origin: Origin | None = None) -> Headers:
-        """User headers, then the failure so far and the due time (see ``retry_headers``)."""
+              origin: Origin | None = None, checkpoint: bytes | None = None) -> Headers:
+        """User headers, then the failure so far and the due time (see ``retry_headers``);
+        the failed attempt's last heartbeat details when there are any (too large for a header:
+        left out, the store keeps them if there is one)."""
         _, own = self._own(msg, now, origin)
         own.append((DUE_AT, b"%d" % _ms_up(due_at)))
+        if checkpoint is not None and len(checkpoint) <= MAX_HEADER_VALUE:
+            own.append((CHECKPOINT, checkpoint))
         return (*user_headers(msg.headers), *own)
 
     def dead(self, msg: Message, now: float, reason: str,

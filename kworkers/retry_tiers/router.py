@@ -13,9 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from kworkers.clock import Clock
-from kworkers.errors import failure_message, failure_type
+from kworkers.errors import checkpoint_of, failure_message, failure_type
 from kworkers.message import Headers, Message
-from kworkers.retry_tiers.headers import FailureHeaders, Origin, user_headers
+from kworkers.retry_tiers.headers import (
+    CHECKPOINT,
+    FailureHeaders,
+    Origin,
+    last_value,
+    user_headers,
+)
 from kworkers.retry_tiers.policy import JitterSource, RetryPolicy
 from kworkers.retry_tiers.routing import (
     MAX_ERROR_MESSAGE,
@@ -28,7 +34,7 @@ from kworkers.retry_tiers.routing import (
 )
 from kworkers.retry_tiers.tier_record import CorruptTierRecord
 from kworkers.retry_tiers.tiers import TierLadder
-from kworkers.topic_names import source_topic_of
+from kworkers.topic_names import is_tier_topic, source_topic_of
 
 if TYPE_CHECKING:
     from kworkers.record_key import RecordKeys
@@ -90,7 +96,7 @@ class FailureRouter:
         error_type, error_message, marked = failure_facts(exc)
         step, headers = self._rung(msg.attempt, error_type, error_message, marked)
         decision = decide(step, self.ladder, source, now, self.jitter)
-        return self._hand_off(msg, decision, headers, source, now)
+        return self._hand_off(msg, decision, headers, source, now, _checkpoint(msg, exc))
 
     def _rung(self, attempt: int, error_type: str, error_message: str,
               marked: bool) -> tuple[Rung, FailureHeaders]:
@@ -123,12 +129,22 @@ class FailureRouter:
         return None if self.keys is None else self.keys.recorded(msg)
 
     def _hand_off(self, msg: Message, decision: RetryDecision | DeadLetterDecision,
-                  headers: FailureHeaders, source: str, now: float) -> HandOff:
+                  headers: FailureHeaders, source: str, now: float,
+                  checkpoint: bytes | None = None) -> HandOff:
         origin = self._origin(msg)
         if isinstance(decision, RetryDecision):
             return HandOff("retry", decision.tier.topic, msg.key, msg.value,
-                           headers.retry(msg, now, decision.due_at, origin), decision,
-                           decision.tier.label)
+                           headers.retry(msg, now, decision.due_at, origin, checkpoint),
+                           decision, decision.tier.label)
         return HandOff("dlq", self.ladder.dlq_topic(source), msg.key, msg.value,
                        headers.dead(msg, now, decision.reason, origin), decision,
                        decision.error_type)
+
+
+def _checkpoint(msg: Message, exc: BaseException) -> bytes | None:
+    """The failed attempt's last heartbeat details (``errors.keep_checkpoint``), else those the
+    retry record it ran carried (an attempt that did not heartbeat keeps the earlier ones)."""
+    got = checkpoint_of(exc)
+    if got is None and msg.headers and is_tier_topic(msg.topic):
+        got = last_value(msg.headers, CHECKPOINT)
+    return got

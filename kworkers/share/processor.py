@@ -187,13 +187,17 @@ class ShareProcessor:
         paced = pacer.waiting() if pacer is not None else frozenset()
         registry = decoder.waiting() if decoder is not None else frozenset()
 
+        leases = self.runner.lease_waits()
+
         def hold_of(tp: TP) -> Hold | None:
             return (hold if hold is not None else Hold.REGISTRY if tp in registry
-                    else Hold.RATE_LIMIT if tp in paced else None)
+                    else Hold.RATE_LIMIT if tp in paced else Hold.LEASE if tp in leases
+                    else None)
 
         self.stall_views = tuple(
             PartitionView(tp, ps.progress_at, tp in calling or ps.handoffs > 0,
-                          hold_of(tp), held.get(tp, 0), None)
+                          hold_of(tp), held.get(tp, 0), None,
+                          leases.get(tp) if hold_of(tp) is Hold.LEASE else None)
             for tp, ps in list(self.parts.items()))
 
     def _drain(self) -> None:

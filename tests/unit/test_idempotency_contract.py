@@ -233,7 +233,8 @@ def test_takeover_after_expiry_bumps_token_and_keeps_details(store: IdempotencyS
     assert store.claim(KEY, "w2", 10, now=114.0).state is ClaimState.BUSY
     assert store.details(KEY) == b"offset=42"
     t = store.claim(KEY, "w2", 10, now=115.0)  # a lease ending exactly now has expired
-    assert t == Claim(ClaimState.ACQUIRED, KEY, c.token + 1, b"offset=42", 125.0, True)
+    # expired: the attempt before never finished (a failed attempt, ``AttemptCrashed``)
+    assert t == Claim(ClaimState.ACQUIRED, KEY, c.token + 1, b"offset=42", 125.0, True, True)
     # The old owner is fenced out of everything; the new one proceeds.
     with pytest.raises(FencedError):
         store.heartbeat(KEY, c.token, b"offset=50", 10, now=116.0)
@@ -250,6 +251,7 @@ def test_same_owner_after_own_expiry_is_not_a_takeover(store: IdempotencyStore) 
     c = store.claim(KEY, "w1", 10, now=0.0)
     again = store.claim(KEY, "w1", 10, now=50.0)
     assert again.acquired and again.token == c.token + 1 and not again.takeover
+    assert not again.expired
 
 
 def test_heartbeat_without_details_keeps_the_last_ones(store: IdempotencyStore) -> None:
@@ -293,7 +295,8 @@ def test_release_lets_the_next_claim_take_over_at_once(store: IdempotencyStore) 
     with pytest.raises(FencedError):
         store.complete(KEY, c.token, now=2.0)
     t = store.claim(KEY, "w2", 60, now=2.0)  # long before the old lease would have expired
-    assert t == Claim(ClaimState.ACQUIRED, KEY, c.token + 1, b"half", 62.0, True)
+    # released, not expired: the attempt before ended (it failed and said so)
+    assert t == Claim(ClaimState.ACQUIRED, KEY, c.token + 1, b"half", 62.0, True, False)
     store.release(KEY, c.token)  # stale release: no-op
     assert store.claim(KEY, "w3", 60, now=3.0).state is ClaimState.BUSY
     store.release("never/claimed", 1)  # no-op too

@@ -59,6 +59,8 @@ def test_lease_invariants(ops: list[Any]) -> None:
                     assert claim.takeover == (
                         before is not None and before.owner not in (None, o[1])
                     )
+                    assert claim.expired == (claim.takeover and before is not None
+                                             and before.status == "leased")
                     holder = (o[1], claim.token, claim.lease_until)
                 elif claim.state is ClaimState.BUSY:
                     assert holder is not None and holder[0] != o[1] and holder[2] > now
