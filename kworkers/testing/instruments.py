@@ -2,7 +2,9 @@
 
 - ``RecordingInvoker`` wraps the invoker a ``Worker`` runs handlers through (``invoke=``) and
   appends a ledger delivery row *before* the inner invoker claims, skips or runs, so a
-  redelivery the idempotent receiver absorbs is still seen by the checker.
+  redelivery the idempotent receiver absorbs is still seen by the checker. A record its runner
+  calls again after waiting for another attempt's lease (``LeaseBusy``: the same record
+  object) is the same delivery, recorded once (``Deliveries``).
 - ``KillPoint`` SIGKILLs its own process when a chosen key reaches a chosen step, once across
   restarts (a marker file says it fired). Certain, unlike a kill at a random moment: a canary
   built on it fails every run, not most runs.
@@ -16,19 +18,23 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from kworkers.consumer.ports import TP, ConsumerPort, RebalanceCallback
+from kworkers.errors import BatchError, LeaseBusy
 from kworkers.idempotency.store import Claim, ClaimState, IdempotencyStore
 from kworkers.message import Message
 from kworkers.testing.checker import record_key
 from kworkers.testing.ledger import Ledger
 
-__all__ = ["KillPoint", "RecordingConsumer", "RecordingInvoker", "StoreProbe", "message_key"]
+__all__ = ["Deliveries", "KillPoint", "RecordingConsumer", "RecordingInvoker", "StoreProbe",
+           "message_key"]
 
 #: The steps a kill point can name, in the order a record meets them.
 STEPS = ("before-effect", "after-heartbeat", "after-effect", "after-complete", "after-commit")
@@ -39,6 +45,51 @@ def message_key(msg: Message) -> str:
     return record_key(msg.headers, msg.value)
 
 
+class Deliveries:
+    """Which calls of an invoker are deliveries. A record whose key another attempt held
+    (``LeaseBusy``) is run again by its runner after a wait, with the same record object: the
+    same delivery, not a new one (a check that counts deliveries must not count the waits)."""
+
+    def __init__(self) -> None:
+        self._waited: dict[int, Message] = {}  # the objects themselves: ids stay theirs
+        self._lock = threading.Lock()
+
+    def new(self, msg: Message) -> bool:
+        """Whether this call of ``msg`` is a delivery (not its run after a lease wait)."""
+        with self._lock:
+            return self._waited.pop(id(msg), None) is not msg
+
+    def call(self, inner: Callable[[Callable[..., Any], Any], Any],
+             handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
+        """``inner(handler, msg)``, noting the records that met a busy lease."""
+        try:
+            result = inner(handler, msg)
+        except BaseException as exc:
+            self._busy(msg, exc)
+            raise
+        if result is not None and inspect.isawaitable(result):
+            return self._await(result, msg)
+        return result
+
+    async def _await(self, pending: Awaitable[Any], msg: Message | list[Message]) -> Any:
+        try:
+            return await pending
+        except BaseException as exc:
+            self._busy(msg, exc)
+            raise
+
+    def _busy(self, msg: Message | list[Message], exc: BaseException) -> None:
+        if isinstance(exc, LeaseBusy) and not isinstance(msg, list):
+            busy = [msg]
+        elif isinstance(exc, BatchError):
+            busy = [m for m, e in exc.failures.items() if isinstance(e, LeaseBusy)]
+        else:
+            return
+        with self._lock:
+            for m in busy:
+                self._waited[id(m)] = m
+
+
 class RecordingInvoker:
     """An ``Invoker`` that records each delivery, then calls ``inner``."""
 
@@ -47,11 +98,13 @@ class RecordingInvoker:
         self.ledger = ledger
         self.inner = inner
         self.key_of = key_of
+        self.deliveries = Deliveries()
 
     def __call__(self, handler: Callable[..., Any], msg: Message | list[Message]) -> Any:
         for m in msg if isinstance(msg, list) else (msg,):
-            self.ledger.delivered(self.key_of(m), m)
-        return self.inner(handler, msg)
+            if self.deliveries.new(m):
+                self.ledger.delivered(self.key_of(m), m)
+        return self.deliveries.call(self.inner, handler, msg)
 
 
 class KillPoint:

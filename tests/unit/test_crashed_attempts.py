@@ -274,3 +274,30 @@ def test_a_source_records_own_checkpoint_header_is_never_believed() -> None:
     w.handler(lambda msg: seen.append(activity.heartbeat_details()))
     _run(w, lambda: bool(seen))
     assert seen == [None]
+
+
+def test_a_record_run_again_after_a_lease_wait_is_one_delivery_in_the_ledger(
+        tmp_path: Path) -> None:
+    """The test instrument: the runner calls the invoker again with the same record object
+    after a ``LeaseBusy`` wait; that is the same delivery (a new object is a new one)."""
+    from kworkers.errors import LeaseBusy
+    from kworkers.testing.instruments import RecordingInvoker
+    from kworkers.testing.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "l.db")
+    busy = {"n": 1}
+
+    def inner(handler: Callable[[Message], None], msg: Message) -> None:
+        if busy["n"]:
+            busy["n"] -= 1
+            raise LeaseBusy("k", 0.0, "held")
+        handler(msg)
+
+    rec = RecordingInvoker(ledger, inner)
+    msg = _record()
+    with pytest.raises(LeaseBusy):
+        rec(lambda m: None, msg)
+    rec(lambda m: None, msg)  # the same record, after the wait
+    rec(lambda m: None, _record())  # a redelivery: a new record object
+    assert len(ledger.deliveries()) == 2
+
