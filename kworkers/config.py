@@ -6,10 +6,15 @@ name in the message.
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+import math
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from kworkers.clock import Seconds
 from kworkers.consumer.batching import BatchPolicy
@@ -48,6 +53,54 @@ _CLASSIC_ONLY_KEYS = frozenset({
     "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms",
 })
 
+
+
+def _type_ok(value: object, tp: Any) -> str | None:
+    """None when ``value`` is of the annotated type ``tp``, else what was expected (the
+    settings' own kinds: a whole number, seconds, text, a choice, a policy)."""
+    if typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        whys = [_type_ok(value, a) for a in inner]
+        return None if None in whys else " or ".join(w for w in whys if w) + (
+            " or None" if type(None) in args else "")
+    if origin is Literal:
+        return None if value in args else " or ".join(repr(a) for a in args)
+    if origin is collections.abc.Mapping:
+        return None if isinstance(value, Mapping) else "a mapping of librdkafka properties"
+    if origin is tuple:
+        return None if isinstance(value, tuple) else "a tuple"
+    if tp is str:
+        return None if isinstance(value, str) else "text"
+    if tp is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if tp is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else (
+            "a whole number")
+    if tp is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+            value)
+        return None if ok else "a number of seconds"
+    if isinstance(tp, type):
+        return None if isinstance(value, tp) else f"a {tp.__name__}"
+    return None
+
+
+def _check_types(cfg: WorkerConfig) -> None:
+    """Every field of the type it is annotated with, before any rule compares it: a value of
+    the wrong type from code (``concurrency="8"``) is one line naming the setting, not a
+    ``TypeError`` from deep inside a check."""
+    hints = typing.get_type_hints(WorkerConfig, include_extras=True)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        want = _type_ok(value, hints[f.name])
+        if want is not None:
+            raise ConfigError(f"{f.name}: {want}, got {value!r}")
 
 
 #: the engine's own defaults: every loop setting below defaults to what the loop does alone
@@ -128,10 +181,13 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         raw: object = self.topics
-        topics = (raw,) if isinstance(raw, str) else tuple(self.topics)
+        if not isinstance(raw, str | list | tuple):
+            raise ConfigError(f"topics: need at least one non-empty topic name, got {raw!r}")
+        topics = (raw,) if isinstance(raw, str) else tuple(raw)
         object.__setattr__(self, "topics", topics)
         if not topics or any(not t or not isinstance(t, str) for t in topics):
             raise ConfigError(f"topics: need at least one non-empty topic name, got {topics!r}")
+        _check_types(self)
         for t in topics:
             if is_derived(t):
                 raise ConfigError(f"topics: {t!r} is a retry tier or DLQ; name the source topic")

@@ -432,11 +432,26 @@ def apply(config: WorkerConfig, overrides: Mapping[str, Any]) -> WorkerConfig:
             top[name] = value
     for head, fields in nested.items():
         policy = getattr(config, head)
+        if policy is None:
+            _check_complete(head, fields)
         top[head] = (_POLICIES[head](**fields) if policy is None
                      else dataclasses.replace(policy, **fields))
     if not top:
         return config
     return dataclasses.replace(config, **top)
+
+
+def _check_complete(head: str, fields: Mapping[str, Any]) -> None:
+    """An optional policy switched on from outside (``rate_limit.scope`` alone) must be given
+    every field it cannot default: one line naming what is missing and what was given."""
+    missing = [f"{head}.{f.name}" for f in dataclasses.fields(_POLICIES[head])
+               if f.init and f.name not in fields and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        given = ", ".join(f"{head}.{k}" for k in sorted(fields))
+        need = ", ".join(f"{m} ({env_name(m)})" for m in missing)
+        raise ConfigError(f"{given} set without {need}: the worker has no {head} of its own, "
+                          f"so a {head} from settings needs {', '.join(missing)} too")
 
 
 def resolve(

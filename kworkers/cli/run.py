@@ -46,6 +46,8 @@ def load_target(spec: str) -> Worker:
                               f"(from {cwd})") from None
         raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: "
                           f"{exc}") from None
+    except ConfigError:
+        raise  # a setting the module's config refused: its own line says which
     except Exception as exc:
         raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: "
                           f"{exc}") from None
