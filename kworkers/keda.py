@@ -45,6 +45,12 @@ OffsetResetPolicy = Literal["latest", "earliest"]
 TP = tuple[str, int]
 
 
+#: The lagThreshold kworkers renders (``kworkers deploy render``) and every "what KEDA would do"
+#: assumes unless told otherwise (the console): KEDA's own default (10) asks for a pod per ten
+#: records behind, but a worker runs ``concurrency`` handlers at once and fetches in batches
+#: of hundreds, so 100 (only the per-pod target: the pod count stays capped at the partitions)
+RENDERED_LAG_THRESHOLD = 100
+
 @dataclass(frozen=True)
 class ScalerSettings:
     """The Kafka trigger's metadata that affects the replica count, with KEDA's defaults."""

@@ -26,6 +26,7 @@ from kworkers.console.settings import (
 )
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import ClientSettings
+from kworkers.keda import RENDERED_LAG_THRESHOLD
 from kworkers.payloads.settings import RegistrySettings
 
 
@@ -76,8 +77,9 @@ def _schema(path: str | None) -> object | None:
               show_default=True, help="Records one dead-letter page reads at most.")
 @click.option("--page-size", type=click.IntRange(min=1), default=DEFAULT_PAGE_SIZE,
               show_default=True, help="Dead letters per page.")
-@click.option("--lag-threshold", type=click.IntRange(min=1), default=10, show_default=True,
-              help="KEDA trigger's lagThreshold, for the replica count shown.")
+@click.option("--lag-threshold", type=click.IntRange(min=1), default=RENDERED_LAG_THRESHOLD,
+              show_default=True, help="KEDA trigger's lagThreshold, for the replica count "
+              "shown (default: what `kworkers deploy render` writes).")
 @click.option("--min-replicas", type=click.IntRange(min=0), default=0, show_default=True,
               help="KEDA's minReplicaCount.")
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,

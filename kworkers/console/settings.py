@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import MASK, ClientSettings
+from kworkers.keda import RENDERED_LAG_THRESHOLD
 from kworkers.payloads.settings import RegistrySettings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -111,7 +112,7 @@ class ConsoleSettings:
     registry: RegistrySettings | None = None
     scan_bound: int = DEFAULT_SCAN_BOUND
     page_size: int = DEFAULT_PAGE_SIZE
-    lag_threshold: int = 10
+    lag_threshold: int = RENDERED_LAG_THRESHOLD
     min_replicas: int = 0
     max_replicas: int | None = None
     connect_timeout: float = 10.0

@@ -31,17 +31,22 @@ from kworkers.deploy.security import POD_UID, DeploySecurity, deploy_security
 from kworkers.deploy.yamltext import dump
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import DEFAULT_BOOTSTRAP, is_secret_key
-from kworkers.keda import SHARE_GROUP_MAX_SIZE, ScalerSettings, share_backlog_query
+from kworkers.keda import (
+    RENDERED_LAG_THRESHOLD,
+    SHARE_GROUP_MAX_SIZE,
+    ScalerSettings,
+    share_backlog_query,
+)
 from kworkers.lag import RENDERED_RESET_POLICY
 
 KEDA_API = "keda.sh/v1alpha1"
 #: seconds SIGTERM handling may need beyond the drain and revoke deadlines: closing the
 #: consumer (a last commit, leaving the group) and flushing the hand-off producer
 GRACE_MARGIN_S = 15
-#: KEDA's default lagThreshold (10) asks for a pod per ten records behind; a worker runs
-#: ``concurrency`` handlers at once and fetches in batches of hundreds, so 100 is the default
-#: here (it is only the per-pod target: the pod count is still capped at the partition count)
-DEFAULT_SCALER = ScalerSettings(lag_threshold=100, offset_reset_policy=RENDERED_RESET_POLICY)
+#: the trigger rendered unless told otherwise (``keda.RENDERED_LAG_THRESHOLD``: the console's
+#: "KEDA would scale to" uses the same)
+DEFAULT_SCALER = ScalerSettings(lag_threshold=RENDERED_LAG_THRESHOLD,
+                                offset_reset_policy=RENDERED_RESET_POLICY)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?")

@@ -120,11 +120,13 @@ def replay_line(r: Replay, dry_run: bool) -> str:
 
 
 def as_json(d: DeadLetter, now: float, mark: Replayed | None = None) -> dict[str, Any]:
-    """``redriven_at`` and ``redriven_to`` are null until a redrive replayed it."""
+    """``redriven_at`` and ``redriven_to`` are null until a redrive replayed it; a null key is
+    null (the table's ``(null)`` is for eyes, not scripts)."""
     return {
         "dlq_topic": d.dlq_topic, "dlq_partition": d.dlq_partition, "dlq_offset": d.dlq_offset,
         "original_topic": d.original_topic, "original_partition": d.original_partition,
-        "original_offset": d.original_offset, "key": bytes_text(d.key),
+        "original_offset": d.original_offset,
+        "key": None if d.key is None else bytes_text(d.key),  # a null key is JSON null
         "attempts": d.attempts, "error_type": d.error_type, "error_message": d.error_message,
         "reason": d.reason, "group": d.group, "first_failure_at": iso(d.first_failure_at),
         "last_failure_at": iso(d.last_failure_at), "dead_lettered_at": iso(d.dead_lettered_at),

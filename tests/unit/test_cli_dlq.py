@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 
 import pytest
@@ -54,6 +55,10 @@ def test_json_row() -> None:
     row = as_json(DEAD, now=1_700_000_071.0)
     assert row["key"] == "cust-1" and row["attempts"] == 3 and row["age_seconds"] == 60.0
     assert row["last_failure_at"] == "2023-11-14T22:13:30.500Z"
+    # issue #46: a null key is JSON null, not the table's "(null)"; an empty one is ""
+    nulls = json.loads(json.dumps(as_json(dataclasses.replace(DEAD, key=None), now=0)))
+    assert nulls["key"] is None
+    assert as_json(dataclasses.replace(DEAD, key=b""), now=0)["key"] == ""
 
 
 def test_show_decodes_an_envelope_value() -> None:

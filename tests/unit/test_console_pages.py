@@ -357,8 +357,10 @@ def test_tier_backlogs_and_keda_from_the_lag_rows() -> None:
     # 60 + 0 + 5 (no commit, offsetResetPolicy earliest, as rendered: the whole partition)
     # = 65 -> ceil(65 / 20) = 4, capped at 3
     assert (scale.decision.lag, scale.decision.replicas, scale.max_replicas) == (65, 3, 3)
-    assert scale_of(ConsoleSettings(ClientSettings(), max_replicas=2), main, 1
-                    ).decision.replicas == 2
+    assert scale_of(ConsoleSettings(ClientSettings(), lag_threshold=20, max_replicas=2), main,
+                    1).decision.replicas == 2
+    # the default is the rendered ScaledObject's threshold (100): 65 behind is one replica
+    assert scale_of(ConsoleSettings(ClientSettings()), main, 1).decision.replicas == 1
 
 
 def test_a_second_redrive_of_one_dlq_waits_and_failures_are_redacted() -> None:

@@ -215,3 +215,26 @@ def test_replicas_stay_within_bounds_and_partitions(lags: list[int], threshold: 
 def test_combinations_keda_refuses(kw: dict[str, bool]) -> None:
     with pytest.raises(ConfigError):
         ScalerSettings(**kw)  # type: ignore[arg-type]
+
+
+def test_the_console_and_the_rendered_scaledobject_share_one_lag_threshold() -> None:
+    """Issue #46: the console's "KEDA would scale to" used lagThreshold 10 (KEDA's default)
+    while the rendered ScaledObject said 100. Read from what each produces."""
+    import yaml
+    from click.testing import CliRunner
+
+    from kworkers.cli.console import console_command as console_cmd
+    from kworkers.config import WorkerConfig
+    from kworkers.console.settings import ConsoleSettings
+    from kworkers.deploy import render
+    from kworkers.kafka.settings import ClientSettings
+
+    files = render(WorkerConfig(topics=("orders",), group_id="g",
+                                bootstrap_servers="kafka:9092"),
+                   image="i:1", app="orders", module="m:w", partitions=6)
+    scaled = yaml.safe_load(files["keda/scaledobject.yaml"])
+    rendered = {int(t["metadata"]["lagThreshold"]) for t in scaled["spec"]["triggers"]
+                if t["type"] == "kafka"}
+    assert rendered == {ConsoleSettings(ClientSettings()).lag_threshold}
+    help_text = CliRunner().invoke(console_cmd, ["--help"]).output
+    assert f"[default: {rendered.pop()};" in " ".join(help_text.split())
