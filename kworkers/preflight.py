@@ -76,6 +76,21 @@ def prepare_topics(cfg: WorkerConfig) -> list[str]:
     return created
 
 
+#: the partition count the printed command proposes for a missing source (a decision the
+#: operator makes: the line says to choose it)
+PROPOSED_PARTITIONS = 6
+
+
+def create_command(cfg: WorkerConfig, sources: Collection[str]) -> str:
+    """``kworkers topics create`` as it works when pasted: the worker's cluster, its sources,
+    its own retry ladder (the command's default ladder may not be the worker's)."""
+    tops = " ".join(f"--topic {t}" for t in sources)
+    secured = any(k.startswith(("security.", "sasl.", "ssl.")) for k in cfg.client_config)
+    return (f"kworkers topics create -b {cfg.bootstrap_servers} {tops} "
+            f"--partitions {PROPOSED_PARTITIONS} --tiers {','.join(cfg.tiers.labels())}"
+            + (" --config <the worker's client settings>" if secured else ""))
+
+
 def require_topics(cfg: WorkerConfig, have: Collection[str], note: str = "") -> None:
     need = [*cfg.topics, *cfg.tier_topics(), *cfg.dlq_topics()]
     missing = [t for t in need if t not in have]
@@ -84,9 +99,11 @@ def require_topics(cfg: WorkerConfig, have: Collection[str], note: str = "") -> 
         # its tiers and DLQ are not missing: this worker creates them once it exists
         raise ConfigError(
             f"source topic missing on {cfg.bootstrap_servers}: {', '.join(absent)}; "
-            "create it (`kworkers topics create --topic T --partitions N`), the worker "
-            "creates its retry tiers and DLQ itself")
+            f"create it (choose its partition count): `{create_command(cfg, absent)}` (the "
+            "worker would create its retry tiers and DLQ itself)")
     if missing:
+        sources = [t for t in cfg.topics
+                   if any(m == t or m in cfg.tiers.all_topics(t) for m in missing)]
         raise ConfigError(
-            f"topics missing on {cfg.bootstrap_servers}: {', '.join(missing)}; create them "
-            f"with `kworkers topics create` or Worker.create_topics(){note}")
+            f"topics missing on {cfg.bootstrap_servers}: {', '.join(missing)}; create them: "
+            f"`{create_command(cfg, sources)}` (or Worker.create_topics()){note}")

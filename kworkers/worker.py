@@ -296,6 +296,8 @@ class Worker:
         self._loops = assembly.loops
         if self._decoder is not None:  # this run's readiness names a registry outage
             self._decoder.on_outage = self._registry_outage
+            # its dead letters' topic id (a consumer of a test's own has no cluster behind it)
+            self._decoder.on_condemned = assembly.keys.origin if self._consumer is None else None
         with contextlib.ExitStack() as hooks:
             for hook in self._run_hooks:
                 hooks.enter_context(hook(self))

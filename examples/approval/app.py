@@ -9,6 +9,11 @@
 Every step appends one row to ``<prefix>_log`` (no unique key: an append-only log, so a step
 that ran twice would show twice) with ``ctx.apply_once``, in its checkpoint's transaction.
 
+Its topic first (the activities' topic, with the retry ladder the worker below sets):
+
+    kworkers topics create -b HOST:9092 --topic approvals.activities --partitions 6 \\
+        --tiers 500ms,1s
+
     kworkers workflow start examples.approval.app:engine approval --id doc-1 \\
         --input '{"cooling_s": 5, "timeout_s": 600}'
     kworkers workflow signal examples.approval.app:engine doc-1 decision \

@@ -58,6 +58,7 @@ from kworkers.message import Message
 from kworkers.payloads.bound import bound_client, quiet_request_log
 from kworkers.payloads.failures import PayloadFailure, failure_of
 from kworkers.payloads.serde import Deserializer, Field, check_callable, context
+from kworkers.retry_tiers.headers import SCHEMA_ID
 from kworkers.topic_names import source_topic_of
 
 #: the error type a record that cannot be decoded is dead-lettered with
@@ -78,6 +79,9 @@ class PayloadError(NonRetryableError):
                                                 f"{failure.error_type}: {failure.reason}")
         self.field = field
         self.failure = failure
+        #: the dead letter's own headers (``retry_tiers.router.failure_headers``)
+        self.failure_headers: tuple[tuple[str, bytes], ...] = (
+            () if failure.schema_id is None else ((SCHEMA_ID, b"%d" % failure.schema_id),))
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ class RecordDecoder:
         self._on_waiting = on_waiting or (lambda _n: None)
         #: told why records wait when an outage begins, None when it ends (readiness)
         self.on_outage = on_outage or (lambda _why: None)
+        #: reads a record's origin before it goes to the DLQ undecoded (``_note_origin``)
+        self.on_condemned: Callable[[Message], object] | None = None
         self._sleep = sleep
         self._clock = clock
         self._lock = threading.Lock()
@@ -277,6 +283,33 @@ class RecordDecoder:
     def decode(self, msg: Message, halted: Callable[[], bool]) -> Message | PayloadError | None:
         """The record decoded, its ``PayloadError``, or ``ABANDONED`` (None) when ``halted``
         turned true while it waited for the registry. Blocks while the registry is down."""
+        result = self._decode(msg, halted)
+        if isinstance(result, PayloadError):
+            self._note_origin(msg)
+        return result
+
+    async def adecode(self, msg: Message,
+                      halted: Callable[[], bool]) -> Message | PayloadError | None:
+        """``decode`` for the event loop: awaits, never blocks it."""
+        result = await self._adecode(msg, halted)
+        if isinstance(result, PayloadError) and self.on_condemned is not None:
+            await asyncio.to_thread(self._note_origin, msg)
+        return result
+
+    def _note_origin(self, msg: Message) -> None:
+        """What an attempt would have read about a record's origin (its topic id), read for
+        one that goes to the DLQ unrun, so its dead letter records it (``kw-original-topic-
+        id``): the hand-off itself never waits for the cluster. Best effort: a cluster that
+        cannot say now leaves the header out, as before."""
+        if self.on_condemned is None:
+            return
+        try:
+            self.on_condemned(msg)
+        except Exception as exc:
+            log.debug("reading the origin of %s/%d@%d failed: %s", msg.topic, msg.partition,
+                      msg.offset, exc)
+
+    def _decode(self, msg: Message, halted: Callable[[], bool]) -> Message | PayloadError | None:
         tries = 0
         tp = (msg.topic, msg.partition)
         token = self._begin(tp)
@@ -322,9 +355,8 @@ class RecordDecoder:
             self._sleep(min(left, 0.1))
         return True
 
-    async def adecode(self, msg: Message,
-                      halted: Callable[[], bool]) -> Message | PayloadError | None:
-        """``decode`` for the event loop: awaits, never blocks it."""
+    async def _adecode(self, msg: Message,
+                       halted: Callable[[], bool]) -> Message | PayloadError | None:
         tries = 0
         tp = (msg.topic, msg.partition)
         token = self._begin(tp)

@@ -42,6 +42,8 @@ REDRIVE_OF = "kw-redrive-of"
 #: the last heartbeat details of the attempt that failed, on a retry record (raw bytes, at
 #: most ``MAX_HEADER_VALUE``): the next attempt resumes from them without a store too
 CHECKPOINT = "kw-checkpoint"
+#: a payload that could not be decoded: the schema id of its Confluent framing, when it has one
+SCHEMA_ID = "kw-schema-id"
 TRACEPARENT = "traceparent"
 
 SPRING_ORIGINAL_TOPIC = "kafka_dlt-original-topic"
@@ -59,7 +61,7 @@ OWN_HEADERS = frozenset({
     ATTEMPT, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP,
     ORIGINAL_TOPIC_ID, GROUP,
     FIRST_FAILURE_AT, LAST_FAILURE_AT, ERROR_TYPE, ERROR_MESSAGE, DUE_AT, DEAD_LETTERED_AT,
-    DLQ_REASON, REDRIVE_OF, CHECKPOINT,
+    DLQ_REASON, REDRIVE_OF, CHECKPOINT, SCHEMA_ID,
 })
 OWN_PREFIXES = ("kafka_dlt-",)
 

@@ -19,6 +19,7 @@ from kworkers.retry_tiers.headers import (
     CHECKPOINT,
     FailureHeaders,
     Origin,
+    is_own,
     last_value,
     user_headers,
 )
@@ -96,7 +97,8 @@ class FailureRouter:
         error_type, error_message, marked = failure_facts(exc)
         step, headers = self._rung(msg.attempt, error_type, error_message, marked)
         decision = decide(step, self.ladder, source, now, self.jitter)
-        return self._hand_off(msg, decision, headers, source, now, _checkpoint(msg, exc))
+        return self._hand_off(msg, decision, headers, source, now, _checkpoint(msg, exc),
+                              failure_headers(exc))
 
     def _rung(self, attempt: int, error_type: str, error_message: str,
               marked: bool) -> tuple[Rung, FailureHeaders]:
@@ -123,22 +125,31 @@ class FailureRouter:
         dead = DeadLetterDecision(msg.attempt, "non_retryable", failure_type(exc),
                                   failure_message(exc)[:MAX_ERROR_MESSAGE])
         headers = FailureHeaders(self.group, dead.attempts, dead.error_type, dead.error_message)
-        return self._hand_off(msg, dead, headers, source_topic_of(msg.topic), now)
+        return self._hand_off(msg, dead, headers, source_topic_of(msg.topic), now,
+                              extra=failure_headers(exc))
 
     def _origin(self, msg: Message) -> Origin | None:
         return None if self.keys is None else self.keys.recorded(msg)
 
     def _hand_off(self, msg: Message, decision: RetryDecision | DeadLetterDecision,
                   headers: FailureHeaders, source: str, now: float,
-                  checkpoint: bytes | None = None) -> HandOff:
+                  checkpoint: bytes | None = None, extra: Headers = ()) -> HandOff:
         origin = self._origin(msg)
         if isinstance(decision, RetryDecision):
             return HandOff("retry", decision.tier.topic, msg.key, msg.value,
-                           headers.retry(msg, now, decision.due_at, origin, checkpoint),
+                           headers.retry(msg, now, decision.due_at, origin, checkpoint) + extra,
                            decision, decision.tier.label)
         return HandOff("dlq", self.ladder.dlq_topic(source), msg.key, msg.value,
-                       headers.dead(msg, now, decision.reason, origin), decision,
+                       headers.dead(msg, now, decision.reason, origin) + extra, decision,
                        decision.error_type)
+
+
+def failure_headers(exc: BaseException) -> Headers:
+    """Headers a failure adds of its own (``failure_headers`` on the exception: a payload that
+    could not be decoded names its schema id, ``kw-schema-id``); only kworkers' own names,
+    so a later hop or a redrive strips them."""
+    got = getattr(exc, "failure_headers", ())
+    return tuple((k, v) for k, v in got if is_own(k) and isinstance(v, bytes)) if got else ()
 
 
 def _checkpoint(msg: Message, exc: BaseException) -> bytes | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kworkers.kafka.clients import list_topics
 from kworkers.testing import Broker
 from kworkers.testing.broker import free_port
 from kworkers.testing.effects import Ledger
@@ -163,14 +165,25 @@ def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
 def test_missing_topics_and_bad_targets_are_one_line(kafka_broker: Broker,
                                                      tmp_path: Path) -> None:
     bs = kafka_broker.bootstrap_servers
-    _app(tmp_path, "no-such-topic-kw", "g")
+    topic = unique("no-such-topic-kw")
+    _app(tmp_path, topic, "g")
+    toml = tmp_path / "kworkers.toml"  # a ladder of its own, not the command's default
+    toml.write_text('tiers = "2s,1m"\n' + toml.read_text())
     env = {"KW_TEST_LEDGER": str(tmp_path / "ledger.db"), "KWORKERS_BOOTSTRAP_SERVERS": bs}
     p = cli("run", "cliapp:worker", "--config", "kworkers.toml", cwd=tmp_path, env=env)
     assert p.returncode == 2
     line = one_error_line(p)  # the tiers and DLQ are not "missing": the worker creates them
-    assert "source topic missing on" in line and "no-such-topic-kw" in line
-    assert "no-such-topic-kw.retry" not in line and "no-such-topic-kw.dlq" not in line
-    assert "the worker creates its retry tiers and DLQ itself" in line
+    assert "source topic missing on" in line and topic in line
+    assert f"{topic}.retry" not in line and f"{topic}.dlq" not in line
+    assert "the worker would create its retry tiers and DLQ itself" in line
+    # issue #46: the hint is a command that works as printed, with the worker's own ladder
+    command = shlex.split(line.split("`")[1])
+    assert command[:3] == ["kworkers", "topics", "create"], command
+    made = cli(*command[1:])
+    assert made.returncode == 0, made.stderr
+    have = list_topics(bs)
+    assert {topic, f"{topic}.retry.2s", f"{topic}.retry.1m", f"{topic}.dlq"} <= set(have)
+    assert f"{topic}.retry.1s" not in have
     p = cli("run", "cliapp:nothing", cwd=tmp_path, env=env)
     assert p.returncode == 2
     assert "has no attribute 'nothing'" in one_error_line(p)

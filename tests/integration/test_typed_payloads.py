@@ -186,6 +186,13 @@ def test_undecodable_records_are_dead_lettered_once_and_redriven_byte_for_byte(
     sid = int.from_bytes(good[0][1:5], "big")
     assert f"(schema id {sid})" in by_key["truncated"].error_message
     assert "EOFError" in by_key["truncated"].error_message
+    # issue #46: the schema id in a header of its own, and the source's topic id, although no
+    # attempt ran (the hand-off reads nothing; the decoder read the origin before it)
+    ids = {k: dict(d.headers).get("kw-schema-id") for k, d in by_key.items()}
+    assert ids == {"unknown-id": b"%d" % (2**31 - 3), "truncated": b"%d" % sid,
+                   "wrong-magic": None}, ids
+    assert all(dict(d.headers).get("kw-original-topic-id") for d in dead), [
+        d.headers for d in dead]
 
     # a redrive (the worker stopped) replays them to the source, byte for byte
     run = cli("dlq", "redrive", "-b", bs, "--dlq", dlq)

@@ -110,6 +110,9 @@ def test_a_record_that_cannot_be_decoded_is_dead_lettered_without_a_handler_call
     assert headers["kw-error-type"] == b"DeserializationError"
     assert reason in headers["kw-error-message"].decode(), headers["kw-error-message"]
     assert headers["kw-attempt"] == b"1"
+    framed = value[:1] == b"\x00" and len(value) >= 5
+    assert headers.get("kw-schema-id") == (  # issue #46: a header of its own
+        b"%d" % int.from_bytes(value[1:5], "big") if framed else None)
 
 
 def test_a_registry_that_does_not_answer_holds_the_partition_not_an_attempt() -> None:
