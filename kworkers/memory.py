@@ -229,6 +229,18 @@ def kubernetes_quantity(n: int) -> str:
     return f"{-(-n // MiB)}Mi"
 
 
+def over_limit(bound: MemoryBound, limit: int | None) -> str | None:
+    """Why a worker with ``bound`` may be killed by its container's memory ``limit`` (None:
+    no limit, or the bound fits): one line for the log at start, naming what to change."""
+    if limit is None or bound.total <= limit:
+        return None
+    return (f"this worker may use up to {show_mib(bound.total)} of memory at worst "
+            f"({bound.describe()}), more than its container's limit of {show_mib(limit)}: "
+            f"under a backlog of large records it may be OOM-killed; lower "
+            f"max_in_flight_bytes (now {show_bytes(bound.in_flight_bytes)}) or raise the limit "
+            "(docs/CONFIG.md, the worker's memory)")
+
+
 #: cgroup v2's limit of this process's container, then cgroup v1's
 CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 #: cgroup v1 writes "no limit" as a number near 2**63

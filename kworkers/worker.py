@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -38,6 +39,7 @@ from kworkers.consumer.tier_gate import RecordCheck
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError, WorkerFailed
 from kworkers.idempotency.store import IdempotencyStore
+from kworkers.memory import cgroup_limit, over_limit
 from kworkers.message import Message
 from kworkers.metrics import Metrics
 from kworkers.pace import BucketStore, buckets_for
@@ -54,6 +56,8 @@ RunHook = Callable[["Worker"], AbstractContextManager[object]]
 H = TypeVar("H", bound=Callable[..., Any])
 
 __all__ = ["ConsumerFactory", "Loop", "Worker"]
+
+log = logging.getLogger("kworkers")
 
 
 class Worker:
@@ -288,6 +292,10 @@ class Worker:
             raise ConfigError("no handler registered: decorate a function with @worker.handler")
         if self._consumer is None:  # an injected consumer brings its own topics
             self.prepare_topics()
+        if self.config.mode == "partition":  # the formula is a consumer group's
+            why = over_limit(self.config.memory_bound(), cgroup_limit())
+            if why is not None:
+                log.warning(why)
         assembly = Assembly(Parts(
             self.config, self._handler, self._batch, self._invoke, self.metrics, self.clock,
             self.jitter, self.supervisor, self._hard_stop, self._sender, self._consumer,

@@ -28,6 +28,7 @@ from kworkers.memory import (
     cgroup_limit,
     hand_off_bytes,
     message_bytes,
+    over_limit,
     parse_bytes,
     record_sizes,
     show_bytes,
@@ -180,3 +181,11 @@ def test_the_container_limit_is_read_from_cgroup_v2_or_v1(tmp_path: Path) -> Non
     assert cgroup_limit([v2, v1]) is None
     v2.write_text("402653184\n")
     assert cgroup_limit([v2, v1]) == 384 * MiB
+
+
+def test_a_worker_whose_bound_exceeds_its_containers_limit_says_so_in_one_line() -> None:
+    bound = BASE.memory_bound()
+    assert over_limit(bound, None) is None and over_limit(bound, 512 * MiB) is None
+    why = over_limit(bound, 256 * MiB)
+    assert why is not None and "\n" not in why
+    assert "288 MiB" in why and "256 MiB" in why and "max_in_flight_bytes (now 64MiB)" in why
