@@ -214,7 +214,7 @@ class Processor:
                 (ps.tracker.window for ps in parts.values() if not ps.paused and not ps.held))
             msgs = self.consumer.poll_batch(
                 backpressure.poll_size(self.limits, self._held, batch, room, self._held_bytes,
-                                       self._record_bytes),
+                                       self._record_bytes, len(parts)),
                 0.0 if idle_wait else timeout)
         self.ready.set()
         if msgs:

@@ -18,7 +18,7 @@ import contextvars
 import time
 from collections.abc import Callable, Generator, Iterator
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import Any, cast
 
 from kworkers.clock import Clock
 from kworkers.consumer.batching import BatchPolicy
@@ -58,6 +58,8 @@ current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
 
 #: sent in place of a handler's result once its outputs went to the hand-off step
 _EMITTED = BaseException("outputs emitted")
+#: what a pass leaves in its batch where a record it finished was
+_SPENT = cast("Item", None)
 
 #: a record whose key another attempt holds (``LeaseBusy``) waits in its lane for the lease's
 #: end, asking again at least this often (the holder may finish sooner), and no attempt is
@@ -323,6 +325,10 @@ class Runner:
                     if not (yield HandOffRequest(msg, err)):
                         stopped = True
                         break
+                # done with it: its memory goes now, not when the pass ends (a pass is all its
+                # lane queued, up to a partition's share: issue #45's bound counts a record
+                # until it completes); only what follows ``i`` is read from here on
+                batch[i] = _SPENT
                 if now() - t_pass >= QUANTUM_S and i + 1 < len(batch) and contended():
                     rest = batch[i + 1:]  # others wait for a thread: give this one up
                     break

@@ -22,6 +22,7 @@ from kworkers import Message, Worker
 from kworkers.activity import ActivityInvoker
 from kworkers.cli.run import run_one
 from kworkers.kafka.settings import consumer_settings
+from kworkers.memory import parse_bytes
 from kworkers.testing.instruments import RecordingInvoker
 from kworkers.testing.ledger import Ledger
 from tests.apps.adapters import KafkaConsumerAdapter, raw_client
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-in-flight", type=int, default=300)
     ap.add_argument("--per-partition", type=int, default=200)
+    ap.add_argument("--max-in-flight-bytes", default=None,
+                    help="the byte bound (issue #45), such as 64KiB; unset: the default")
     ap.add_argument("--protocol", default="classic")
     ap.add_argument("--metrics-port", type=int, default=0)
     ap.add_argument("--stall-timeout", type=float, default=None)
@@ -94,11 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     consumer_config: dict[str, Any] = {}
     if args.protocol == "classic":
         consumer_config = {"session.timeout.ms": args.session_ms, "heartbeat.interval.ms": 500}
+    bytes_bound: dict[str, Any] = ({} if args.max_in_flight_bytes is None else  # **settings
+                                   {"max_in_flight_bytes": parse_bytes(args.max_in_flight_bytes)})
     worker = Worker(
         topics=[args.topic], group_id=args.group, bootstrap_servers=args.bootstrap,
         group_protocol=args.protocol, consumer_config=consumer_config,
         concurrency=args.concurrency, max_in_flight=args.max_in_flight,
         max_in_flight_per_partition=args.per_partition, stall_timeout=args.stall_timeout,
+        **bytes_bound,
         revoke_timeout=args.revoke_timeout, drain_timeout=args.drain_timeout,
         invoke=RecordingInvoker(ledger, ActivityInvoker()),
         consumer=(_factory(args, consumer_config) if args.skip_resume or args.sync_commit

@@ -5,7 +5,10 @@ append-only ledger (pid, partition, time), committed positions and log ends from
 readiness over HTTP. The caps are set small (``max_in_flight`` 300 over 6 partitions, below
 6 x the per-partition cap of 200, so the old global pause would trip; 4 handler threads for 6
 lanes, so a runner that kept its thread would starve the others) and the backlog far above
-them, so the rules are exercised, not only allowed.
+them, so the rules are exercised, not only allowed. The fairness and moved-partition tests run
+again with a byte bound that binds (``BYTES``, issue #45): 64 KiB lets the worker hold about 90
+of these records, fewer than the 300 the record bound would, and a partition's share is about
+15 of them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from confluent_kafka import Producer
 
 from kworkers import Worker
 from kworkers.consumer import processor
+from kworkers.memory import RECORD_COST, parse_bytes
 from kworkers.testing import Broker
 from kworkers.testing.broker import free_port
 from kworkers.testing.checker import committed
@@ -34,6 +38,10 @@ from tests.integration.conftest import running, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
 PARTS = 6
+#: the byte bound of the ``bytes`` runs, and what one of ``_backlog``'s records costs under it
+#: (key, value, and ``RECORD_COST``): it binds before the record bound (300)
+BYTES = "64KiB"
+RECORD_BYTES = 2 + 200 + RECORD_COST
 
 
 def _backlog(bs: str, topic: str, per: int) -> dict[int, int]:
@@ -80,14 +88,25 @@ def _fairness(starts: list[Delivery]) -> Counter[int]:
     return Counter(d.partition for d in starts)
 
 
+def _bound(bound: str) -> tuple[str, ...]:
+    """The worker's flags for a run bounded in ``records`` (the record caps alone, the byte
+    bound at its default far above) or in ``bytes`` (``BYTES``, which binds first)."""
+    if bound == "records":
+        return ()
+    assert parse_bytes(BYTES) < 300 * RECORD_BYTES / 2  # binds: under half the record bound
+    return ("--max-in-flight-bytes", BYTES)
+
+
+@pytest.mark.parametrize("bound", ["records", "bytes"])
 def test_one_worker_with_a_backlog_starts_every_partition_fairly(kafka_broker: Broker,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path,
+                                                                  bound: str) -> None:
     bs = kafka_broker.bootstrap_servers
     per = full_size(10_000, 500)
     topic, group = make_topic(bs, unique("live"), PARTS), unique("g")
     ends = _backlog(bs, topic, per)
     port = free_port()
-    w = _worker("w", bs, topic, group, tmp_path, port, "--stall-timeout", "3")
+    w = _worker("w", bs, topic, group, tmp_path, port, "--stall-timeout", "3", *_bound(bound))
     try:
         w.start()
         # after warm-up (a third of the backlog started), partitions started alike
@@ -104,13 +123,14 @@ def test_one_worker_with_a_backlog_starts_every_partition_fairly(kafka_broker: B
     starts = _starts(tmp_path)
     seen = {(d.partition, d.offset) for d in starts}
     assert seen == {(p, o) for p in range(PARTS) for o in range(per)}  # every record started
-    print(f"fairness after warm-up: {dict(sorted(window.items()))}; "
+    print(f"{bound}: fairness after warm-up: {dict(sorted(window.items()))}; "
           f"{len(starts)} starts for {per * PARTS} records")
 
 
-@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+@pytest.mark.parametrize(("protocol", "bound"), [("classic", "records"),
+                                               ("consumer", "records"), ("classic", "bytes")])
 def test_partitions_moved_to_a_busy_member_start_before_its_own_backlog_is_done(
-        kafka_broker: Broker, tmp_path: Path, protocol: str) -> None:
+        kafka_broker: Broker, tmp_path: Path, protocol: str, bound: str) -> None:
     """A joins B's group, takes half the partitions, then leaves under SIGTERM: B, busy with a
     backlog of its own, starts each partition it takes over before it has started another
     ``slack`` records of its own ones (an order, not a time), and every partition reaches its
@@ -119,7 +139,7 @@ def test_partitions_moved_to_a_busy_member_start_before_its_own_backlog_is_done(
     per = full_size(10_000, 1000)
     topic, group = make_topic(bs, unique("moved"), PARTS), unique("g")
     ends = _backlog(bs, topic, per)
-    proto = ("--protocol", protocol)
+    proto = ("--protocol", protocol, *_bound(bound))
     b = _worker("b", bs, topic, group, tmp_path, free_port(), *proto)
     a = _worker("a", bs, topic, group, tmp_path, free_port(), *proto)
     slack = 600  # B's own records at 4 threads: about 0.75 s of work
@@ -148,7 +168,7 @@ def test_partitions_moved_to_a_busy_member_start_before_its_own_backlog_is_done(
     own_before = {p: sum(1 for d in after[:i] if d.partition not in a_parts)
                   for p, i in first.items()}
     own_left = sum(1 for d in after if d.partition not in a_parts)
-    print(f"{protocol}: moved partitions {sorted(a_parts)} first started after B ran "
+    print(f"{protocol}, {bound}: moved partitions {sorted(a_parts)} first started after B ran "
           f"{own_before} of its own records (of {own_left} it still had)")
     assert own_left > slack, "B's own backlog ran out first: the order proves nothing"
     assert all(n < slack for n in own_before.values()), own_before

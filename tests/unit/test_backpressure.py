@@ -336,12 +336,15 @@ def test_at_the_loop_byte_bound_nothing_is_taken_and_nothing_resumes() -> None:
     assert set(decide(BYTES, hold).held) == {("t", 0), ("t", 1)}  # nobody open: a hold
 
 
-def test_a_poll_is_cut_to_the_bytes_left_at_the_last_record_size() -> None:
-    assert poll_size(BYTES, 0, 500) == 500  # no size known yet (a loop's first poll)
+def test_a_poll_is_cut_to_a_byte_share_and_the_bytes_left_at_the_last_record_size() -> None:
+    assert poll_size(BYTES, 0, 500) == 5  # no size known yet: taken for 1 KiB a record
     assert poll_size(BYTES, 0, 500, record_bytes=10) == 500
     assert poll_size(BYTES, 0, 500, held_bytes=1000, record_bytes=100) == 50
     assert poll_size(BYTES, 0, 500, held_bytes=5990, record_bytes=100) == 1
     assert poll_size(Limits(1000, 1000), 0, 500, held_bytes=10**9, record_bytes=100) == 500
+    # no more than one partition's byte share a poll: a fetch's run would give it to one
+    assert poll_size(BYTES, 0, 500, record_bytes=100, partitions=3) == 20
+    assert poll_size(BYTES, 0, 500, held_bytes=5000, record_bytes=100, partitions=3) == 10
 
 
 def _mixed(bound: int) -> Callable[[random.Random], int]:
@@ -371,7 +374,7 @@ def _simulate_bytes(limits: Limits, n: int, batch: int, steps: int, seed: int,
     for _ in range(steps):
         open_ = [i for i in range(n) if not paused[i] and not hold[i]]
         total = sum(map(sum, held))
-        k = poll_size(limits, sum(map(len, held)), batch, 1, total, last_size)
+        k = poll_size(limits, sum(map(len, held)), batch, 1, total, last_size, n)
         if open_ and not any(hold):  # a hold: the loop polls nothing
             got, records = 0, k
             while k > 0:

@@ -101,7 +101,8 @@ def test_a_silent_coordinator_fences_the_worker_until_it_answers_again() -> None
         consumer.silent.set()
         _wait(lambda: (m := cast(Processor, w.loops[0]).membership) is not None and m.fenced,
               "fenced after 1 s of silence")
-        assert "fenced" in (w.unready_reason or "")
+        # the poll thread sets the membership's flag, then degrades readiness: wait for both
+        _wait(lambda: "fenced" in (w.unready_reason or ""), "readiness says fenced")
         go.set()  # offset 20 finishes; nothing after it may start now
         time.sleep(0.5)
         frozen, sends = sum(started.values()), consumer.sends
