@@ -10,6 +10,7 @@ that no error line the CLI prints can show it.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -31,6 +32,21 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else int(os.environ.get("COLUMNS", "160"))
     return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+LOG_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
+
+
+def log_level_option(fn: F) -> F:
+    return click.option("--log-level", default="INFO", show_default=True,
+                        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                          case_sensitive=False))(fn)
+
+
+def configure_logging(level: str) -> None:
+    """What every long-running command logs: to stderr, each line with its time, process,
+    level and logger (``kworkers run``, ``kworkers schedule run``)."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
 
 
 def remember(client: ClientSettings) -> ClientSettings:

@@ -21,7 +21,13 @@ import click
 
 from kworkers import settings
 from kworkers.cli import child_secrets
-from kworkers.cli.options import bootstrap_option, config_option, property_option, remember
+from kworkers.cli.options import (
+    bootstrap_option,
+    config_option,
+    configure_logging,
+    property_option,
+    remember,
+)
 from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
 from kworkers.metrics import MetricsServer
@@ -162,8 +168,7 @@ def run(target: str, processes: int, concurrency: int | None,
     """
     from kworkers.cli.pool import run_pool
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     # a pool's child: the secrets its parent was given come through a pipe, as if by -X
     passed = child_secrets.read(secrets_fd) if secrets_fd is not None else {}
     per_second = None if rate_limit is None else settings.parse_rate(rate_limit, "--rate-limit")

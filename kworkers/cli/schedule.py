@@ -1,4 +1,5 @@
-"""``kworkers schedule``: schedule a record for later, cancel it, run the scheduler worker.
+"""``kworkers schedule``: schedule a record for later, cancel it, run the scheduler worker,
+create its topics.
 
 Every command names the configured destinations (``--destination``, repeatable: the
 allow-list; ``add`` allows its own ``--topic``), the ids' store (``--store``, env
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kworkers.cli.options import client_options
+from kworkers.cli.options import client_options, configure_logging, log_level_option
 from kworkers.cli.produce import _header
 from kworkers.errors import ConfigError
 from kworkers.kafka.settings import ClientSettings
@@ -40,12 +41,15 @@ def _scheduler(client: ClientSettings, store: str, thresholds: str,
     from kworkers.idempotency import open_store
     from kworkers.schedule import ScheduleLadder, Scheduler
 
+    return Scheduler(client, open_store(store), destinations,
+                     ladder=ScheduleLadder(_thresholds(thresholds)))
+
+
+def _thresholds(text: str) -> tuple[float, ...]:
     try:
-        ts = tuple(float(t) for t in thresholds.split(","))
+        return tuple(float(t) for t in text.split(","))
     except ValueError:
-        raise ConfigError(f"--thresholds: expected seconds like 60,3600, got "
-                          f"{thresholds!r}") from None
-    return Scheduler(client, open_store(store), destinations, ladder=ScheduleLadder(ts))
+        raise ConfigError(f"--thresholds: expected seconds like 60,3600, got {text!r}") from None
 
 
 def _at(text: str | None) -> dt.datetime | None:
@@ -128,10 +132,42 @@ def cancel(store: str, sid: str) -> int:
 @click.option("--group", "-g", required=True, help="The scheduler worker's consumer group.")
 @click.option("--transactional-id", default=None,
               help="A stable name for this instance (its transactional ids derive from it).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve /metrics, /healthz, /readyz on PORT (docs/SCHEDULING.md's metrics).")
+@log_level_option
 def run_scheduler(client: ClientSettings, store: str, thresholds: str,
                   destinations: tuple[str, ...], group: str,
-                  transactional_id: str | None) -> int:
+                  transactional_id: str | None, metrics_port: int | None,
+                  log_level: str) -> int:
     """Run the scheduler worker over the rungs of each --destination (exactly once)."""
+    from kworkers.cli.run import run_one
+
+    configure_logging(log_level)
     s = _scheduler(client, store, thresholds, destinations)
-    s.worker(group, transactional_id=transactional_id).run()
+    s.check_topics()  # a missing rung or destination: one line naming it (and what to run)
+    worker = s.worker(group, transactional_id=transactional_id)
+    worker.prepare_topics()  # the worker's own tiers and DLQ, created when missing
+    return run_one(worker, metrics_port)
+
+
+@schedule.command("topics")
+@client_options
+@click.option("--thresholds", default="60,3600,86400", show_default=True,
+              metavar="S,S,...", help="The ladder's rung thresholds in seconds.")
+@click.option("--destination", "-d", "destinations", multiple=True, required=True,
+              help="A destination to schedule for; repeat for several.")
+@click.option("--partitions", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Partitions of each rung topic (its tiers and DLQ get as many).")
+def schedule_topics(client: ClientSettings, thresholds: str, destinations: tuple[str, ...],
+                    partitions: int) -> int:
+    """Create the rung topics of each --destination (one per threshold, and `.due`) and the
+    scheduler worker's retry tier and DLQ topics; what exists is left as it is."""
+    from kworkers.schedule import ScheduleLadder, ScheduleRules
+    from kworkers.schedule.scheduler import create_schedule_topics
+
+    rules = ScheduleRules.of(ScheduleLadder(_thresholds(thresholds)), destinations)
+    made = create_schedule_topics(client, rules, partitions)
+    for t in made:
+        click.echo(f"created {t}")
+    click.echo(f"created={len(made)} rungs={len(rules.rungs)}")
     return 0

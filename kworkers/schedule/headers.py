@@ -3,8 +3,11 @@
 On the rungs: ``kw-scheduled-id`` (the stable id), ``kw-scheduled-due-at`` (the due time,
 epoch ms, rounded up), ``kw-scheduled-at`` (when it was scheduled) and ``kw-due-at`` (when the
 rung's timer heap releases it: the retry tiers' header, read by the same gate). On arrival at
-the destination: the id, the due time and ``kw-scheduled-delivered-at`` (when the scheduler
-wrote it), with the record's own key and headers. Values are UTF-8 text, as every kw-* header.
+the destination: the id, the due time and ``kw-scheduled-delivered-at`` (when the scheduler's
+handler released it, which is before its transaction wrote it: a reader sees the record when
+that transaction commits, later by at least the commit interval and by much more after a fault;
+the record's own timestamp, set when the transaction produced it, is the later of the two), with
+the record's own key and headers. Values are UTF-8 text, as every kw-* header.
 """
 
 from __future__ import annotations

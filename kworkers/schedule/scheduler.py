@@ -23,8 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kworkers import preflight
 from kworkers.activity import produce as produce_output
 from kworkers.clock import Clock, SystemClock
+from kworkers.config import WorkerConfig
 from kworkers.consumer.commit import CommitPolicy
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.idempotency.store import IdempotencyStore
@@ -122,6 +124,8 @@ class Scheduler:
         #: one idempotent producer for every schedule call (made on first use)
         self._producer: KafkaSender | None = None
         self._lock = threading.Lock()
+        #: rung topics seen on the cluster (``_check_rung``)
+        self._present: set[str] = set()
 
     def topics(self) -> tuple[str, ...]:
         """Every rung topic of every destination (what the scheduler worker consumes)."""
@@ -147,6 +151,7 @@ class Scheduler:
         hop = self.ladder.plan(due, now)
         rung = self.ladder.topics(topic)[hop.rung]
         hs = rung_headers(_headers(headers), sid, due, now, hop.release_at)
+        self._check_rung(rung)
         self._write(rung, _bytes(key, "key"), _bytes(value, "value"), hs)
         return Scheduled(sid, due, rung)
 
@@ -174,11 +179,43 @@ class Scheduler:
     def create_topics(self, partitions: int = 6, **worker_settings: Any) -> list[str]:
         """Create the rung topics (``partitions`` each) and the retry tier and DLQ topics of
         a scheduler worker with ``worker_settings`` (its ``tiers``) that are missing; returns
-        the names created."""
-        specs = [TopicSpec(t, partitions) for t in self.topics()]
-        made = create_topics(clients.admin(self.client), specs)
-        w = self.worker("kworkers-scheduler", **worker_settings)
-        return made + w.create_topics(partitions)
+        the names created (``kworkers schedule topics``)."""
+        return create_schedule_topics(self.client, self.rules, partitions, **worker_settings)
+
+    def topics_command(self) -> str:
+        """``kworkers schedule topics`` as it works when pasted, for this scheduler."""
+        dests = " ".join(f"-d {d}" for d in self.destinations)
+        ts = ",".join(f"{t:g}" for t in self.ladder.thresholds)
+        return (f"kworkers schedule topics -b {self.client.bootstrap_servers} {dests} "
+                f"--thresholds {ts}")
+
+    def check_topics(self) -> None:
+        """``ConfigError`` naming the first missing topic a scheduler worker needs: a rung
+        (with the command that creates them), or a destination (yours to create: its
+        partitions and retention are your decision)."""
+        have = clients.list_topics(self.client)  # KafkaUnreachable: one line
+        for rung in self.topics():
+            if rung not in have:
+                self._check_rung(rung)
+        gone = [d for d in self.destinations if d not in have]
+        if gone:
+            raise ConfigError(f"schedule: destination topic {', '.join(gone)} does not exist on "
+                              f"{self.client.bootstrap_servers}; create it first (its "
+                              "partitions and retention are yours to choose)")
+
+    def _check_rung(self, topic: str) -> None:
+        """A rung that does not exist is said at once, naming it and how to create the
+        scheduler's topics (a produce to it would wait out its delivery timeout for an
+        acknowledgement that never comes). Asked once per rung; one that exists is not asked
+        again."""
+        if topic in self._present:
+            return
+        have = clients.list_topics(self.client)  # KafkaUnreachable: one line
+        if topic not in have:
+            raise ConfigError(f"schedule: rung topic {topic} does not exist on "
+                              f"{self.client.bootstrap_servers}; create the scheduler's "
+                              f"topics: `{self.topics_command()}`")
+        self._present.update(t for t in self.topics() if t in have)
 
     def close(self) -> None:
         with self._lock:
@@ -231,4 +268,17 @@ class Scheduler:
         return w
 
 
-__all__ = ["SCHEDULED_PREFIX", "Scheduled", "Scheduler", "due_time"]
+def create_schedule_topics(client: ClientSettings, rules: ScheduleRules, partitions: int = 6,
+                           **worker_settings: Any) -> list[str]:
+    """The rung topics of ``rules`` (``partitions`` each), then the retry tier and DLQ
+    topics their scheduler worker (``worker_settings``: its ``tiers``) needs, sized like
+    the rungs; the ones created. No store is needed: nothing is scheduled."""
+    made = create_topics(clients.admin(client), [TopicSpec(t, partitions) for t in rules.rungs])
+    cfg = WorkerConfig(topics=tuple(rules.rungs), group_id="kworkers-scheduler",
+                       bootstrap_servers=client.bootstrap_servers,
+                       client_config={**client.security, **client.overrides},
+                       **worker_settings)
+    return made + preflight.create_topics(cfg, partitions)
+
+
+__all__ = ["SCHEDULED_PREFIX", "Scheduled", "Scheduler", "create_schedule_topics", "due_time"]
