@@ -34,6 +34,7 @@ MetricName = Literal[
     "kworkers_scheduled_records_total",
     "kworkers_in_flight_records",
     "kworkers_in_flight_bytes",
+    "kworkers_in_flight_bytes_bound",
     "kworkers_paused_partitions",
     "kworkers_partition_stalled",
     "kworkers_consumer_lag",
@@ -113,6 +114,10 @@ class Metrics:
             "kworkers_in_flight_bytes", "What the records fetched and not yet completed cost, "
             "per loop, as max_in_flight_bytes bounds it: keys, values, headers and a fixed cost "
             "per record (kworkers.memory)", ["group"], registry=r)
+        self.in_flight_bytes_bound = Gauge(
+            "kworkers_in_flight_bytes_bound", "The loop's max_in_flight_bytes: what "
+            "kworkers_in_flight_bytes stays under (one poll past it at most)", ["group"],
+            registry=r)
         self.paused = Gauge(
             "kworkers_paused_partitions", "Partitions paused, by reason: backpressure (each "
             "holds its share of max_in_flight; held without a pause in the client counted "

@@ -60,6 +60,10 @@ def deploy() -> None:
               help="mTLS: the pods present tls.crt/tls.key from --tls-secret.")
 @click.option("--allow-plaintext-sasl", is_flag=True,
               help="Accept SASL over SASL_PLAINTEXT (the password in clear on the network).")
+@click.option("--brokers", type=click.IntRange(min=1), default=None,
+              help="Brokers the workers fetch from, for the pods' memory (the worst case "
+                   "counts one fetch ahead per broker); default: the bootstrap list's count, "
+                   "at least 3.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the files under this directory instead of printing them.")
 @config_option
@@ -68,7 +72,7 @@ def deploy() -> None:
 def deploy_render(target: str, image: str, app: str, partitions: int, namespace: str,
                   max_replicas: int | None, prometheus: str | None, sasl_secret: str | None,
                   tls_secret: str | None, tls_client_cert: bool, allow_plaintext_sasl: bool,
-                  out_dir: str | None,
+                  brokers: int | None, out_dir: str | None,
                   config_path: str | None, bootstrap: str | None,
                   properties: tuple[str, ...]) -> None:
     """Render the Deployment, ConfigMap, KEDA ScaledObject (and TriggerAuthentication) from
@@ -87,7 +91,7 @@ def deploy_render(target: str, image: str, app: str, partitions: int, namespace:
     files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
                    namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret,
                    prometheus=prometheus, tls_secret=tls_secret, tls_client_cert=tls_client_cert,
-                   plaintext_sasl=allow_plaintext_sasl)
+                   plaintext_sasl=allow_plaintext_sasl, brokers=brokers)
     for name, text in sorted(files.items()):
         if out_dir is None:  # one multi-document stream: `| kubectl apply -f -` takes it
             click.echo(f"---\n# {name}\n{text}", nl=False)

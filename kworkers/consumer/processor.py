@@ -144,6 +144,7 @@ class Processor:
         self._m_duration = metrics.handler_duration.labels(group)
         self._m_in_flight = metrics.in_flight.labels(group)
         self._m_in_flight_bytes = metrics.in_flight_bytes.labels(group)
+        metrics.in_flight_bytes_bound.labels(group).set(settings.max_in_flight_bytes)
         self._m_fenced = metrics.fenced.labels(group)
         self._since_commit = 0
         self._last_commit = clock.monotonic()

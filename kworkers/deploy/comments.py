@@ -40,8 +40,9 @@ def _keda_auth(sec: DeploySecurity) -> str:
 
 
 def comments(mode: str, sec: DeploySecurity,
-             rate_limit: RateLimit | None = None) -> dict[str, str]:
-    """File name -> its comment."""
+             rate_limit: RateLimit | None = None, memory: str | None = None) -> dict[str, str]:
+    """File name -> its comment; ``memory``: the worst-case formula with the worker's numbers,
+    when the container's memory was rendered from it."""
     texts = {**_COMMENTS, **(_SHARE_COMMENTS if mode == "share" else {})}
     out = {name: text.format(security=wrap(sec.describe()), keda=_keda_auth(sec),
                              session_ms=CLASSIC_SESSION_TIMEOUT_MS,
@@ -49,6 +50,13 @@ def comments(mode: str, sec: DeploySecurity,
            for name, text in texts.items()}
     if rate_limit is not None:
         out["keda/scaledobject.yaml"] += _rate_limited(rate_limit)
+    if memory is not None:
+        out["k8s/deployment.yaml"] += wrap(
+            f"Memory, request and limit alike: the worker's worst case, {memory} (kworkers."
+            "memory: max_in_flight_bytes per loop, librdkafka's read-ahead sized with it, the "
+            "hand-offs' copies in the producer, the idle process). A request below it lets the "
+            "node promise the difference elsewhere and the kernel OOM-kills the pod under "
+            "pressure; raise max_in_flight_bytes and this grows with it.") + "\n"
     return out
 
 

@@ -38,6 +38,7 @@ from kworkers.keda import (
     share_backlog_query,
 )
 from kworkers.lag import RENDERED_RESET_POLICY
+from kworkers.memory import DEFAULT_BROKERS, kubernetes_quantity
 
 KEDA_API = "keda.sh/v1alpha1"
 #: seconds SIGTERM handling may need beyond the drain and revoke deadlines: closing the
@@ -56,14 +57,19 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?")
 class Resources:
     """Container requests and limits (Kubernetes quantity strings).
 
-    A worker's memory is bounded by ``max_in_flight`` fetched records plus the retry loop's
-    ``delay_buffer``; the defaults fit the default bounds with 1 KiB records.
+    Memory, unless given: the worker's worst case (``WorkerConfig.memory_bound``, the formula
+    of ``kworkers.memory``: ``max_in_flight_bytes``, librdkafka's read-ahead sized with it, the
+    hand-offs' copies, the idle process), as the request and the limit alike. Memory cannot be
+    taken back from a process the way CPU is throttled: a request below what the pod may use
+    lets the node promise it elsewhere, and the kernel then kills the pod under pressure (the
+    OOM-kill and crash loop of issue #45). An application whose own imports or handlers use
+    more than ``kworkers.memory.IDLE`` allows sets its own.
     """
 
     cpu_request: str = "250m"
-    memory_request: str = "256Mi"
+    memory_request: str | None = None
     cpu_limit: str = "1"
-    memory_limit: str = "512Mi"
+    memory_limit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ def manifests(
     tls_client_cert: bool = False,
     plaintext_sasl: bool = False,
     allow_loopback: bool = False,
+    brokers: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The manifests as objects, keyed by the file they are written to (see ``render``)."""
     for what, name in (("app", app), ("namespace", namespace)):
@@ -169,7 +176,8 @@ def manifests(
     files = {
         "k8s/configmap.yaml": _configmap(config, names, sec),
         "k8s/deployment.yaml": _deployment(config, names, image, _command_target(module),
-                                           metrics_port, sec, resources or Resources()),
+                                           metrics_port, sec,
+                                           _resources(config, resources, brokers)),
         "keda/scaledobject.yaml": _scaledobject(config, names, scaler, low, top, sec,
                                                 prometheus),
     }
@@ -197,6 +205,7 @@ def render(
     tls_client_cert: bool = False,
     plaintext_sasl: bool = False,
     allow_loopback: bool = False,
+    brokers: int | None = None,
 ) -> dict[str, str]:
     """File name (``k8s/...`` or ``keda/...``) -> YAML text, for ``kworkers deploy render``.
 
@@ -210,7 +219,9 @@ def render(
     ``tls_secret``: a Secret with ``ca.crt`` (and with ``tls_client_cert``, ``tls.crt`` and
     ``tls.key`` for mTLS) mounted as files in the pods and read by KEDA
     (``kworkers.deploy.security``); ``scaler``: the Kafka trigger settings
-    (``DEFAULT_SCALER``); ``resources``: container requests and limits.
+    (``DEFAULT_SCALER``); ``resources``: container requests and limits (memory, unless
+    given: the worker's worst case with ``brokers`` brokers to fetch from, by default the
+    bootstrap list's count and at least ``kworkers.memory.DEFAULT_BROKERS``).
 
     The bootstrap address must be the cluster's: the default ``127.0.0.1:9092`` is refused,
     and so is any loopback address (in a pod it is the pod itself) unless ``allow_loopback``
@@ -226,9 +237,12 @@ def render(
                      metrics_port=metrics_port, sasl_secret=sasl_secret, scaler=scaler,
                      resources=resources, prometheus=prometheus, tls_secret=tls_secret,
                      tls_client_cert=tls_client_cert, plaintext_sasl=plaintext_sasl,
-                     allow_loopback=allow_loopback)
+                     allow_loopback=allow_loopback, brokers=brokers)
     sec = deploy_security(config, sasl_secret, tls_secret, tls_client_cert, plaintext_sasl)
-    notes = comments(config.mode, sec, config.rate_limit)
+    memory = None
+    if resources is None or resources.memory_limit is None:
+        memory = config.memory_bound(_brokers(config, brokers)).describe()
+    notes = comments(config.mode, sec, config.rate_limit, memory)
     return {name: dump(obj, notes[name]) for name, obj in objs.items()}
 
 
@@ -269,6 +283,27 @@ def _bad_entry(entry: str) -> str | None:
     if ":" in host:
         return "looks like an IPv6 address: write it as [addr]:port"
     return None if _HOST.fullmatch(host) else f"has host {host!r}, not a host name"
+
+
+def _brokers(config: WorkerConfig, brokers: int | None) -> int:
+    """Brokers the worker's consumers may fetch from at once (each one fetch ahead): as given,
+    else the bootstrap list's count, at least ``DEFAULT_BROKERS`` (a bootstrap list need not
+    name every broker)."""
+    if brokers is not None:
+        if not isinstance(brokers, int) or brokers < 1:
+            raise ConfigError(f"brokers: must be >= 1, got {brokers!r}")
+        return brokers
+    return max(DEFAULT_BROKERS, len([b for b in config.bootstrap_servers.split(",") if b]))
+
+
+def _resources(config: WorkerConfig, res: Resources | None, brokers: int | None) -> Resources:
+    """``res`` with the memory it leaves unset from the worker's worst case."""
+    res = res or Resources()
+    if res.memory_request is not None and res.memory_limit is not None:
+        return res
+    need = kubernetes_quantity(config.memory_bound(_brokers(config, brokers)).total)
+    return dataclasses.replace(res, memory_request=res.memory_request or need,
+                               memory_limit=res.memory_limit or need)
 
 
 def _check_bootstrap(bootstrap: str, allow_loopback: bool) -> None:

@@ -260,6 +260,9 @@ def test_groups_pages(page: Page, url: str, stage: Stage) -> None:
     lag, waiting, due = (int(tier.locator("td").nth(j).inner_text()) for j in (1, 2, 3))
     assert due == lag - waiting  # (a partition never committed on counts 1, as in KEDA)
     expect(page.locator("#breaker")).to_contain_text("closed")
+    # what each loop holds against its byte bound (issue #45): the tier's two records, waiting
+    expect(page.locator("#in-flight")).to_contain_text("retry loop")
+    expect(page.locator("#in-flight")).to_contain_text("of 64.0 MiB")
     members = page.locator("table.members").first
     expect(members).to_contain_text(stage.dead.topic)
     shot(page, "group")

@@ -159,3 +159,26 @@ def test_good_bootstrap_lists_pass_and_a_broken_one_is_one_line_exit_2() -> None
         ("k1", 9092), ("k2.ns.svc", 19092), ("fe80::1", 9093)]
     line = _one_line(_render(base=[*BARE, "-b", "kafka"]))
     assert "'kafka' has no port" in line, line
+
+
+def test_the_pods_memory_is_the_workers_worst_case_from_every_entrance() -> None:
+    """Issue #45: request and limit from the formula (``WorkerConfig.memory_bound``) for the
+    settings the pods run with: the default, a bound given as a variable (which the ConfigMap
+    then carries), and ``--brokers``."""
+    def memory(*extra: str, env: dict[str, str] | None = None) -> tuple[str, str, str]:
+        out = _render(*extra, env=env)
+        assert out.returncode == 0, out.stderr
+        docs = {d["kind"]: d for d in yaml.safe_load_all(out.stdout)}
+        res = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]
+        carried = docs["ConfigMap"]["data"]["KWORKERS_MAX_IN_FLIGHT_BYTES"]
+        assert res["requests"]["memory"] == res["limits"]["memory"]
+        return res["limits"]["memory"], carried, out.stdout
+
+    default, carried, text = memory()
+    assert (default, carried) == ("288Mi", "64MiB") and "worst case, 288 MiB" in text
+    big, carried, _ = memory(env={"KWORKERS_MAX_IN_FLIGHT_BYTES": "256MiB"})
+    assert carried == "256MiB" and int(big[:-2]) > 2 * 256 + 96  # two loops and the rest
+    nine, _c, _t = memory("--brokers", "9")
+    assert int(nine[:-2]) > 288
+    bad = _render("--brokers", "0")
+    assert bad.returncode == 2 and "--brokers" in bad.stderr

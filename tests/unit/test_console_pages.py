@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kworkers.console import auth
-from kworkers.console.breaker import read_endpoints, states_of
+from kworkers.console.breaker import InFlight, in_flight_of, read_endpoints, states_of
 from kworkers.console.dlq_filter import ConsoleFilter
 from kworkers.console.dlq_pages import Row, cursor_text, cut, parse_cursor
 from kworkers.console.record_view import decode_avro, hex_dump, record_view
@@ -233,6 +233,29 @@ def test_breaker_states_from_an_exposition() -> None:
     up, down = read_endpoints(["http://w1/metrics", "http://down/metrics"], get)
     assert up.states["orders"] == "open" and up.problem is None
     assert down.states == {} and "connection refused" in (down.problem or "")
+
+
+IN_FLIGHT = """# TYPE kworkers_in_flight_bytes gauge
+kworkers_in_flight_bytes{group="orders"} 1.2582912e+07
+kworkers_in_flight_bytes{group="orders.retry"} 512.0
+# TYPE kworkers_in_flight_bytes_bound gauge
+kworkers_in_flight_bytes_bound{group="orders"} 6.7108864e+07
+kworkers_in_flight_bytes_bound{group="orders.retry"} 6.7108864e+07
+"""
+
+
+def test_what_each_loop_holds_in_memory_from_an_exposition() -> None:
+    """Issue #45's console line: a loop's bytes in flight against its bound, per endpoint,
+    read from the same /metrics as the breaker (a pool's processes summed)."""
+    got = in_flight_of(IN_FLIGHT)
+    assert got["orders"] == InFlight(12 * 2**20, 64 * 2**20)
+    assert got["orders"].describe() == "12.0 MiB of 64.0 MiB (19%)"
+    assert got["orders.retry"].describe() == "512 B of 64.0 MiB (0%)"
+    pool = IN_FLIGHT + 'kworkers_in_flight_bytes{group="orders",pid="2"} 1048576.0\n'
+    assert in_flight_of(pool)["orders"].held == 13 * 2**20
+    assert InFlight(100.0).describe() == "100 B"  # a worker from before the bound's gauge
+    (up,) = read_endpoints(["http://w1/metrics"], lambda _u: EXPOSITION + IN_FLIGHT)
+    assert up.states["orders"] == "open" and up.in_flight["orders.retry"].held == 512
 
 
 # --- the guard --------------------------------------------------------------------------------

@@ -189,3 +189,21 @@ def test_a_worker_whose_bound_exceeds_its_containers_limit_says_so_in_one_line()
     why = over_limit(bound, 256 * MiB)
     assert why is not None and "\n" not in why
     assert "288 MiB" in why and "256 MiB" in why and "max_in_flight_bytes (now 64MiB)" in why
+
+
+def test_render_keeps_the_memory_it_is_given() -> None:
+    from kworkers.deploy import EXAMPLE_ARGS, Resources, example_config, manifests
+
+    def memory(**kw: object) -> dict[str, dict[str, str]]:
+        dep = manifests(example_config(), **{**EXAMPLE_ARGS, **kw})
+        res: dict[str, dict[str, str]] = (
+            dep["k8s/deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["resources"])
+        return res
+
+    assert memory()["limits"]["memory"] == "288Mi"
+    own = memory(resources=Resources(memory_request="1Gi", memory_limit="2Gi"))
+    assert own["requests"]["memory"] == "1Gi" and own["limits"]["memory"] == "2Gi"
+    half = memory(resources=Resources(memory_limit="1Gi"))
+    assert half["requests"]["memory"] == "288Mi" and half["limits"]["memory"] == "1Gi"
+    with pytest.raises(ConfigError, match="brokers"):
+        memory(brokers=0)
