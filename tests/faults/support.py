@@ -1,9 +1,12 @@
-"""Shared by the fault tests: where the idempotency stores are, and the lease mode's limit."""
+"""Shared by the fault tests: where the idempotency stores are, the lease mode's limit, and a
+worker process read from outside (its /healthz, its memory from /proc)."""
 
 from __future__ import annotations
 
 import os
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
@@ -120,3 +123,27 @@ def metric_total(port: int, name: str, **labels: str) -> float:
 
     want = set(labels.items())
     return sum(v for (n, got), v in scrape(port).items() if n == name and want <= got)
+
+
+def health(port: int) -> int:
+    """A worker's ``/healthz`` status over HTTP (0: not answering)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def proc_mb(pid: int, field: str = "VmRSS") -> float:
+    """A figure of ``/proc/<pid>/status`` in MiB, as the kernel keeps it (``VmRSS``: resident
+    now; ``VmHWM``: the most it ever was); 0.0 when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0

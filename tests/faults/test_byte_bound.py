@@ -19,8 +19,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -35,6 +33,7 @@ from kworkers.testing.broker import free_port
 from kworkers.testing.checker import committed
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.workload import full_size, make_topic, unique
+from tests.faults.support import health, proc_mb
 from tests.integration.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -57,25 +56,6 @@ def _fill(bs: str, topic: str, n: int) -> None:
             except BufferError:
                 p.poll(0.05)
     assert p.flush(60) == 0
-
-
-def _status(pid: int, field: str) -> float:
-    """A ``/proc/<pid>/status`` figure in MiB (``VmRSS``: resident now; ``VmHWM``: the peak)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError(f"no {field} for {pid}")
-
-
-def _health(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
 
 
 class Run(NamedTuple):
@@ -105,15 +85,15 @@ def _run(bs: str, tmp: Path, n: int, env_extra: Mapping[str, str],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     ledger = Ledger(tmp / f"{topic}.db")
     try:
-        wait_for(lambda: _health(port) == 200 or proc.poll() is not None, 90, "worker up")
+        wait_for(lambda: health(port) == 200 or proc.poll() is not None, 90, "worker up")
         time.sleep(1.0)  # at rest: subscribed, assigned, nothing to fetch
-        idle = max(_status(proc.pid, "VmRSS") for _ in range(4)
+        idle = max(proc_mb(proc.pid, "VmRSS") for _ in range(4)
                    if time.sleep(0.25) is None)  # type: ignore[func-returns-value]
         _fill(bs, topic, n)
 
         def grown() -> bool:
             assert proc.poll() is None, log_path.read_text("utf-8", "replace")[-3000:]
-            return stop_above_mb is not None and _status(proc.pid, "VmHWM") - idle > \
+            return stop_above_mb is not None and proc_mb(proc.pid, "VmHWM") - idle > \
                 stop_above_mb
 
         def done() -> bool:
@@ -127,7 +107,7 @@ def _run(bs: str, tmp: Path, n: int, env_extra: Mapping[str, str],
             wait_for(grown, 120, "the canary's RSS past the bound")
         else:
             wait_for(done, 300, "every record run and committed")
-        peak = _status(proc.pid, "VmHWM")
+        peak = proc_mb(proc.pid, "VmHWM")
         proc.terminate()
         code = proc.wait(60)
     finally:

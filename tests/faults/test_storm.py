@@ -20,8 +20,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -36,6 +34,7 @@ from kworkers.testing.broker import free_port
 from kworkers.testing.checker import CommitSampler, LogRecord, Report, check, read_log, record_key
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.workload import end_offsets_total, full_size, make_topic, unique
+from tests.faults import support
 from tests.integration.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -90,27 +89,6 @@ def _fill(bs: str, topic: str, n: int) -> None:
     assert p.flush(60) == 0
 
 
-def _health(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
-
-
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def _store_url(tmp: Path) -> str:
     return os.environ.get("KWORKERS_PG_DSN") or f"sqlite:///{tmp}/store.db"
 
@@ -161,8 +139,8 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool,
 
     def sample() -> None:
         assert proc.poll() is None, log_path.read_text("utf-8", "replace")[-3000:]
-        health.append(_health(port))
-        rss.append(_rss_mb(proc.pid))
+        health.append(support.health(port))
+        rss.append(support.proc_mb(proc.pid))
 
     def tier_ends() -> int:
         return sum(end_offsets_total(bs, f"{topic}.retry.{t}", PARTS) for t in TIERS)
@@ -173,10 +151,10 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool,
         return len({d.key for d in ledger.deliveries() if d.topic == topic})
 
     try:
-        wait_for(lambda: _health(port) == 200 or proc.poll() is not None, 90, "worker up")
+        wait_for(lambda: support.health(port) == 200 or proc.poll() is not None, 90, "worker up")
         time.sleep(1.0)  # idle: subscribed, assigned, nothing to fetch
         # the sleep's None lets the comprehension pause between samples
-        idle = max(_rss_mb(proc.pid) for _ in range(4)
+        idle = max(support.proc_mb(proc.pid) for _ in range(4)
                    if time.sleep(0.25) is None)  # type: ignore[func-returns-value]
         commits.start()
         _fill(bs, topic, n)

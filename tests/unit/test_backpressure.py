@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kworkers.consumer.backpressure import (
+    Decision,
     Limits,
     Load,
     PartitionLoad,
@@ -105,6 +106,18 @@ def test_never_pauses_and_resumes_one_partition_at_once(
         assert left <= set(d.resume)
 
 
+def _applied(d: Decision, paused: list[bool]) -> list[bool]:
+    """``d``'s pauses and resumes applied to ``paused`` (in place); which partitions it holds."""
+    for _tp, i in d.pause:
+        paused[i] = True
+    for _tp, i in d.resume:
+        paused[i] = False
+    hold = [False] * len(paused)
+    for _tp, i in d.held:
+        hold[i] = True
+    return hold
+
+
 def _simulate(limits: Limits, n: int, batch: int, steps: int, seed: int,
               clamp: bool = True, holds: bool = True, poll_held: bool = False,
               complete_p: float = 0.3, wants_p: float = 0.5, hold_p: float = 0.8,
@@ -142,13 +155,7 @@ def _simulate(limits: Limits, n: int, batch: int, steps: int, seed: int,
                                  for i in range(n)],
                                 may_hold=holds and rnd.random() < hold_p,
                                 wants=lambda _tp: rnd.random() < wants_p))
-        for _tp, i in d.pause:
-            paused[i] = True
-        for _tp, i in d.resume:
-            paused[i] = False
-        hold = [False] * n
-        for _tp, i in d.held:
-            hold[i] = True
+        hold = _applied(d, paused)
     return peak
 
 
@@ -395,13 +402,7 @@ def _simulate_bytes(limits: Limits, n: int, batch: int, steps: int, seed: int,
                                                sum(held[i])) for i in range(n)],
                                 may_hold=rnd.random() < 0.5,
                                 wants=lambda _tp: rnd.random() < 0.5))
-        for _tp, i in d.pause:
-            paused[i] = True
-        for _tp, i in d.resume:
-            paused[i] = False
-        hold = [False] * n
-        for _tp, i in d.held:
-            hold[i] = True
+        hold = _applied(d, paused)
     return peak, biggest, took
 
 
