@@ -49,6 +49,9 @@ MetricName = Literal[
     "kworkers_transaction_duration_seconds",
     "kworkers_transaction_outputs_total",
     "kworkers_output_topic_missing",
+    "kworkers_outbox_relayed_total",
+    "kworkers_outbox_relay_failures_total",
+    "kworkers_outbox_pending",
     "kworkers_handoff_failures_total",
     "kworkers_handoff_blocked",
     "kworkers_fenced_results_total",
@@ -192,6 +195,16 @@ class Metrics:
             "topic wait because it does not exist (nothing is committed past their records; "
             "/readyz 503, /healthz 503 past three stall bounds)", ["group", "topic"],
             registry=r, multiprocess_mode="livemax")
+        self.outbox_relayed = Counter(
+            "kworkers_outbox_relayed", "Outbox rows the broker acknowledged and the relay "
+            "deleted (at least once: a relay killed between the two sends a row again)",
+            ["table"], registry=r)
+        self.outbox_failures = Counter(
+            "kworkers_outbox_relay_failures", "Outbox relay passes that failed (the store or the "
+            "broker unreachable; retried with a backoff up to 5 s)", ["table"], registry=r)
+        self.outbox_pending = Gauge(
+            "kworkers_outbox_pending", "Outbox rows not sent yet (counted up to 10,000 every "
+            "5 s by the relay): its lag", ["table"], registry=r, multiprocess_mode="livemax")
         self.commit_deferred = Counter(
             "kworkers_commits_deferred", "Commits refused while the group rebalanced (the next "
             "commit carries their positions)", ["group"], registry=r)

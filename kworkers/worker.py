@@ -38,6 +38,8 @@ from kworkers.consumer.ports import Handler, Invoker, Sender, TransactionPort
 from kworkers.consumer.tier_gate import RecordCheck
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError, WorkerFailed
+from kworkers.idempotency.outbox import Outbox
+from kworkers.idempotency.relay import OutboxRelay
 from kworkers.idempotency.store import IdempotencyStore
 from kworkers.memory import cgroup_limit, over_limit
 from kworkers.message import Message
@@ -94,6 +96,7 @@ class Worker:
         rate_store: BucketStore | None = None,
         rate_key: Callable[[Message], str | None] | None = None,
         hold: RecordCheck | None = None,
+        outbox: Outbox | None = None,
         **settings: Any,
     ) -> None:
         if config is None:
@@ -154,6 +157,14 @@ class Worker:
                          if config.rate_limit is not None else None)
         self._loops: list[Loop] = []
         self._run_hooks: list[RunHook] = []
+        #: the handler's transactional outbox, relayed while the worker runs (``OutboxRelay``)
+        self.outbox = outbox
+        if outbox is not None:
+            if idempotency is not None and getattr(idempotency, "dialect", None) is not None \
+                    and outbox.store is not idempotency:
+                raise ConfigError("outbox: its rows must commit in the effect's transaction, "
+                                  "so give Outbox(store) the worker's idempotency store")
+            self.around_run(OutboxRelay(outbox))
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._started = threading.Event()
@@ -217,6 +228,7 @@ class Worker:
                      rate_key=self._rate_key if config.rate_limit is not None else None,
                      hold=self._hold)
         new._decoder = self._decoder  # the code's deserializers (no setting changes them)
+        new.outbox = self.outbox
         new._run_hooks = list(self._run_hooks)
         if self._batch:
             new.batch_handler(self._handler)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kworkers.errors import ConfigError
-from kworkers.idempotency.outbox import Outbox, OutboxRecord, Send
+from kworkers.idempotency.outbox import Outbox, OutboxRecord, RelayObserver, Send
 from kworkers.idempotency.sqlite import SqliteStore
 from kworkers.idempotency.store import (
     Claim,
@@ -42,6 +42,7 @@ __all__ = [
     "OutboxRecord",
     "PostgresStore",
     "RedisStore",
+    "RelayObserver",
     "Send",
     "SqlConnection",
     "SqliteStore",

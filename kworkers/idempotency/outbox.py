@@ -58,7 +58,7 @@ from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_
 from kworkers.message import Headers
 from kworkers.payloads.serde import Serializer, check_callable, serialize
 
-__all__ = ["Outbox", "OutboxRecord", "Send"]
+__all__ = ["Outbox", "OutboxRecord", "RelayObserver", "Send"]
 
 log = logging.getLogger("kworkers.outbox")
 
@@ -312,9 +312,19 @@ class Outbox:
                 self.release([r.id for r in records[len(sent):]])
         return len(sent)
 
+    def pending_count(self, bound: int = 10_000) -> int:
+        """Rows not yet sent, counted up to ``bound`` (a bounded scan: the relay's lag gauge
+        reads it every few seconds, and a table that grew large must not cost a full count)."""
+        _check_limit(bound)
+        with self.store.atomic() as conn:
+            row = conn.execute(self._sql(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {t} LIMIT ?) AS pending"), (bound,)
+            ).fetchone()
+        return int(row[0]) if row is not None else 0
+
     def relay_forever(
         self, send: Send, stop: threading.Event, *, limit: int = 100, idle_s: float = 0.5,
-        wake: threading.Event | None = None,
+        wake: threading.Event | None = None, observer: RelayObserver | None = None,
     ) -> None:
         """Relay until ``stop`` is set.
 
@@ -322,20 +332,33 @@ class Outbox:
         ``wake`` is set (a writer that just enqueued can wake it). An error (store or broker
         unreachable) is logged and the pass retried after a backoff that grows to
         ``MAX_ERROR_BACKOFF_S``: a relay thread must outlive an outage, never die of one.
+        ``observer`` is told what each pass sent and each failure (the metrics).
         """
         backoff = 0.1
         while not stop.is_set():
             try:
-                full = self.relay_once(send, limit) >= limit
+                n = self.relay_once(send, limit)
+                full = n >= limit
                 backoff = 0.1
+                if observer is not None:
+                    observer.relayed(n)
             except Exception as exc:
                 log.warning("outbox relay on %s failed (%s: %s); retrying in %.1fs",
                             self.table, type(exc).__name__, exc, backoff)
+                if observer is not None:
+                    observer.failed(exc)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_ERROR_BACKOFF_S)
                 continue
             if not full:
                 _idle(stop, wake, idle_s)
+
+
+class RelayObserver(Protocol):
+    """What a relay tells the outside after each pass (``kworkers.idempotency.relay``)."""
+
+    def relayed(self, n: int) -> None: ...
+    def failed(self, exc: BaseException) -> None: ...
 
 
 def _idle(stop: threading.Event, wake: threading.Event | None, idle_s: float) -> None:

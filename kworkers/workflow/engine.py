@@ -33,6 +33,7 @@ from kworkers.activity import ActivityInvoker
 from kworkers.clock import Clock, SystemClock
 from kworkers.errors import ConfigError
 from kworkers.idempotency.outbox import Outbox, blocking_send
+from kworkers.idempotency.relay import Relay
 from kworkers.idempotency.store import TransactionalStore
 from kworkers.kafka import clients
 from kworkers.kafka.admin import create_topics
@@ -51,7 +52,6 @@ from kworkers.workflow.codec import (
 from kworkers.workflow.definition import Definition, Workflow, check_name
 from kworkers.workflow.errors import ResultError
 from kworkers.workflow.registry import Registry
-from kworkers.workflow.relay import Relay
 from kworkers.workflow.runner import ActivityRunner
 from kworkers.workflow.state import Status, initial
 from kworkers.workflow.tables import RunRow, RunTables
@@ -234,7 +234,8 @@ class Engine:
         self._adopt(worker)
         cfg = worker.config
         sender = KafkaSender(producer_settings(cfg.client, cfg.producer_config))
-        self._relay = Relay(self.outbox, blocking_send(sender), idle_s=self.relay_idle_s).start()
+        self._relay = Relay(self.outbox, blocking_send(sender), idle_s=self.relay_idle_s,
+                            name="kworkers-workflow-relay", metrics=worker.metrics).start()
         try:
             yield
         finally:

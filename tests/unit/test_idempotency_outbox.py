@@ -140,3 +140,65 @@ def test_bad_input_is_a_config_error(env: Any) -> None:
         outbox.pending(0)
     with pytest.raises(ConfigError):
         Outbox(store, table=f"bad-{uuid.uuid4().hex}")
+
+
+def test_a_worker_runs_its_outbox_relay_while_it_runs(tmp_path: Any) -> None:
+    """``Worker(outbox=...)``: the relay (a run hook, kept by ``with_config`` as ``kworkers
+    run`` applies its flags) relays while the worker runs, says so in the metrics, and is
+    gone after the stop; an outbox on another store than the worker's idempotency store is
+    refused (its rows would not commit with the effect)."""
+    import dataclasses
+
+    from kworkers import Worker
+    from kworkers.idempotency import SqliteStore
+    from kworkers.idempotency.relay import OutboxRelay
+    from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer, _idle
+
+    class Closing(RecordingSender):
+        closed = False
+
+        def close(self, timeout: float = 30.0) -> None:
+            self.closed = True
+
+    store = SqliteStore(str(tmp_path / "s.db"))
+    outbox = Outbox(store)
+    consumer = ScriptedConsumer([], [])
+    worker = Worker(topics=["t"], group_id="g", idempotency=store, outbox=outbox,
+                    consumer=lambda g: consumer if g == "g" else _idle(g))
+    worker.handler(lambda msg: None)
+    hooks = [h for h in worker._run_hooks if isinstance(h, OutboxRelay)]
+    assert worker.outbox is outbox and len(hooks) == 1
+    sent: list[str] = []
+    sender = Closing()  # the broker's part: acknowledges at once
+    hooks[0].make_sender = lambda cfg: sender
+    again = worker.with_config(dataclasses.replace(worker.config, concurrency=3))
+    assert again.outbox is outbox and [h for h in again._run_hooks if h is hooks[0]]
+    with store.atomic() as conn:
+        outbox.enqueue(conn, "out", b"k", b"v")
+
+    hook = hooks[0]
+    thread = threading.Thread(target=again.run, args=(False,), daemon=True)
+    thread.start()
+    consumer.go.set()
+    for _ in range(3000):  # the hook's relay runs once the worker does
+        if hook.relay is not None:
+            break
+        threading.Event().wait(0.01)
+    relay = hook.relay
+    assert relay is not None and relay.alive() and relay.name == "kworkers-outbox-relay"
+    for _ in range(3000):
+        if outbox.pending() == []:
+            break
+        threading.Event().wait(0.01)
+    sent = [topic for topic, _v in sender.sent]
+    again.stop()
+    thread.join(30)
+    assert not thread.is_alive() and not relay.alive() and hook.relay is None
+    assert outbox.pending() == [] and sent == ["out"] and sender.closed
+    assert again.fault is None
+    relayed = again.metrics.registry.get_sample_value("kworkers_outbox_relayed_total",
+                                                      {"table": "kworkers_outbox"})
+    assert relayed == 1
+    other = SqliteStore(str(tmp_path / "other.db"))
+    with pytest.raises(ConfigError, match="the worker's idempotency store"):
+        Worker(topics=["t"], group_id="g", idempotency=other, outbox=outbox)
