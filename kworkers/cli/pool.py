@@ -98,10 +98,12 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
                 if mp_dir is not None:  # its live gauges leave the pool's sums and minima
                     mark_process_dead(c.pid, mp_dir)
                 if rc != 0 and not stopping:
-                    log.error("worker process %d (pid %d) exited with %d: stopping the others",
-                              i, c.pid, rc)
+                    log.error("worker process %d (pid %d) %s: stopping the others", i, c.pid,
+                              exit_text(rc))
                     stopping = True
                     stop_all(signal.SIGTERM)
+                elif rc < 0 and -rc not in (signal.SIGTERM, signal.SIGINT):
+                    log.error("worker process %d (pid %d) %s", i, c.pid, exit_text(rc))
             time.sleep(0.1)
     finally:
         for s, h in old.items():
@@ -112,7 +114,28 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
             shutil.rmtree(mp_dir, ignore_errors=True)
     failed = {i: rc for i, rc in codes.items() if rc != 0}
     if failed:
-        log.error("worker processes failed: %s", ", ".join(f"#{i} exit {rc}"
+        log.error("worker processes failed: %s", ", ".join(f"#{i} {exit_text(rc)}"
                                                            for i, rc in sorted(failed.items())))
         return 1
     return 0
+
+
+#: signals of a crash in native code (the client library's assertion, a segfault)
+_NATIVE = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
+
+
+def exit_text(rc: int) -> str:
+    """How a child ended, for the one line the parent writes: its exit status, or the signal
+    that killed it and what that usually means."""
+    if rc >= 0:
+        return f"exited with {rc}"
+    try:
+        sig = signal.Signals(-rc)
+    except ValueError:
+        return f"was killed by signal {-rc}"
+    why = ""
+    if sig in _NATIVE:
+        why = " (a crash in native code: its Python stack, from faulthandler, is in its output)"
+    elif sig is signal.SIGKILL:
+        why = " (kill -9, or the kernel's OOM killer)"
+    return f"was killed by {sig.name} (signal {-rc}){why}"

@@ -8,6 +8,7 @@ mistake is one line. ``--processes N`` runs N of them under one parent (``kworke
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import os
@@ -168,6 +169,9 @@ def run(target: str, processes: int, concurrency: int | None,
     """
     from kworkers.cli.pool import run_pool
 
+    # A native crash (librdkafka's failed assertion after a broker pause aborted a worker with
+    # no word of its own, issue #43) leaves every thread's Python stack on stderr
+    faulthandler.enable(sys.stderr, all_threads=True)
     configure_logging(log_level)
     # a pool's child: the secrets its parent was given come through a pipe, as if by -X
     passed = child_secrets.read(secrets_fd) if secrets_fd is not None else {}
