@@ -130,6 +130,16 @@ def run_one(worker: Worker, metrics_port: int | None) -> int:
     return 0
 
 
+def _native_crashes_leave_a_stack() -> None:
+    """A crash in native code (librdkafka's failed assertion after a broker pause aborted a
+    worker with no word of its own, issue #43) leaves every thread's Python stack on stderr.
+    An stderr that is not a file (a caller capturing it) gets none."""
+    try:
+        faulthandler.enable(sys.stderr, all_threads=True)
+    except (OSError, ValueError, AttributeError):
+        log.debug("stderr is not a file: no faulthandler stack for a native crash")
+
+
 @click.command()
 @click.argument("target", metavar="MODULE:WORKER")
 @click.option("--processes", "-p", type=click.IntRange(min=1), default=1, show_default=True,
@@ -169,9 +179,7 @@ def run(target: str, processes: int, concurrency: int | None,
     """
     from kworkers.cli.pool import run_pool
 
-    # A native crash (librdkafka's failed assertion after a broker pause aborted a worker with
-    # no word of its own, issue #43) leaves every thread's Python stack on stderr
-    faulthandler.enable(sys.stderr, all_threads=True)
+    _native_crashes_leave_a_stack()
     configure_logging(log_level)
     # a pool's child: the secrets its parent was given come through a pipe, as if by -X
     passed = child_secrets.read(secrets_fd) if secrets_fd is not None else {}
