@@ -135,7 +135,7 @@ def test_an_open_breaker_holds_until_its_cool_down_ends() -> None:
     [view] = observe.stall_views([ps], set(), None, False, True, clock=clock, breaker_ends=ends)
     assert view.hold is Hold.BREAKER and view.hold_ends == ends
     assert candidates([view], ends + 59, 60) == []
-    assert [s.overdue for s in judge(candidates([view], ends + 60, 60), {})] == [Hold.BREAKER]
+    assert [s.overdue for s in judge(candidates([view], ends + 61, 60), {})] == [Hold.BREAKER]
     clock.set(ends)
     assert b.admit()  # the probe: half-open, no longer an end to overrun
     assert b.cooldown_ends() is None
