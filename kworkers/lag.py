@@ -15,6 +15,11 @@ and splits its lag into records still *waiting* (``kw-due-at`` in the future) an
 now. Counting the waiting ones means reading the tier partitions; that happens in the CLI's
 adapter, and this module only does the arithmetic on what was read.
 
+Time lag (``time_lag``): how long the record at the committed position has waited, ``now``
+minus its timestamp (a retry tier: minus its ``kw-due-at``, 0 while it is not due), 0 for a
+partition with no lag; the worker's own gauge measures the same from the oldest record it has
+not completed (``kworkers.consumer.time_lag`` says the definition in full).
+
 Everything here is pure: offsets and due times in, numbers out.
 """
 
@@ -77,6 +82,8 @@ class PartitionLag:
     lag: int
     waiting: int | None = None
     truncated: bool = False
+    #: seconds the record at the committed position has waited (None: not read)
+    time_lag: float | None = None
 
     @property
     def due(self) -> int | None:
@@ -105,6 +112,21 @@ class GroupLag:
     def truncated(self) -> bool:
         return any(p.truncated for p in self.partitions)
 
+    @property
+    def time_lag(self) -> float | None:
+        """The group's time lag: its partitions' largest (None: none was read)."""
+        return max((p.time_lag for p in self.partitions if p.time_lag is not None),
+                   default=None)
+
+
+def lag_seconds(now: float, lag: int, t: float | None) -> float | None:
+    """A partition's time lag from the time ``t`` of the record at its committed position
+    (its timestamp, or a tier record's due time): 0 with no lag, never below 0, None when the
+    record was not read."""
+    if lag <= 0:
+        return 0.0
+    return None if t is None else max(0.0, now - t)
+
 
 def group_lag(
     group: str,
@@ -112,12 +134,15 @@ def group_lag(
     reset_policy: ResetPolicy = RENDERED_RESET_POLICY,
     scale_to_zero_on_invalid: bool = False,
     waiting: dict[tuple[str, int], tuple[int, bool]] | None = None,
+    times: dict[tuple[str, int], float | None] | None = None,
+    now: float = 0.0,
 ) -> GroupLag:
     """``GroupLag`` from ``(topic, partition, latest, committed)`` rows, sorted as the
     pipeline runs (``topic_names.topic_order``: tiers by delay, not as text).
 
     ``waiting`` maps a partition to ``(records not yet due, truncated)``; it is only known
-    for the retry tier group.
+    for the retry tier group. ``times`` maps a partition to the time of the record at its
+    committed position (``lag_seconds``, read at ``now``); without it no time lag is given.
     """
     rows = []
     for topic, part, latest, committed in sorted(offsets,
@@ -127,5 +152,6 @@ def group_lag(
         rows.append(PartitionLag(
             topic, part, committed if committed is not None and committed >= 0 else None,
             latest, lag, None if w is None else min(w[0], max(lag, 0)),
-            False if w is None else w[1]))
+            False if w is None else w[1],
+            None if times is None else lag_seconds(now, lag, times.get((topic, part)))))
     return GroupLag(group, tuple(rows))

@@ -5,6 +5,8 @@ from the broker (``kworkers.kafka.offsets``): latest offsets, the group's commit
 for the retry tier group ``<group>.retry`` the records between its committed offset and the end
 of each tier partition, to count how many are still waiting for their ``kw-due-at``. That read
 is bounded (``WAITING_SCAN_LIMIT`` records per partition) and says so when it stops early.
+For the time lag, the record at each lagging partition's committed position is read too (its
+timestamp; a tier record's ``kw-due-at`` comes with the waiting count's read).
 """
 
 from __future__ import annotations
@@ -29,12 +31,33 @@ def tier_topics_of(sources: Sequence[str], have: dict[str, int]) -> list[str]:
                   if is_tier_topic(t) and t not in wanted and source_topic_of(t) in wanted)
 
 
+def head_times(client: ClientSettings | str, rows: Sequence[Row]
+               ) -> dict[tuple[str, int], float | None]:
+    """Per lagging partition: the timestamp of the record at its committed position (the
+    first record from there: a transaction marker or a compacted gap holds none)."""
+    out: dict[tuple[str, int], float | None] = {}
+    by_topic: dict[str, dict[int, int]] = {}
+    for topic, part, latest, committed in rows:
+        start = committed if committed is not None and committed >= 0 else 0
+        if start < latest:
+            by_topic.setdefault(topic, {})[part] = start
+    for topic, starts in by_topic.items():
+        got = scan(client, topic, start=starts, partitions=list(starts), limit=1)
+        for m in got.messages:
+            out[(topic, m.partition)] = (None if m.timestamp_ms is None
+                                         else m.timestamp_ms / 1000.0)
+    return out
+
+
 def waiting_counts(client: ClientSettings | str, rows: Sequence[Row], now: float,
-                   limit: int = WAITING_SCAN_LIMIT) -> dict[tuple[str, int], tuple[int, bool]]:
+                   limit: int = WAITING_SCAN_LIMIT,
+                   heads: dict[tuple[str, int], float | None] | None = None,
+                   ) -> dict[tuple[str, int], tuple[int, bool]]:
     """Per tier partition: records after the committed offset whose due time is ahead.
 
     A record with unreadable headers counts as due: the tier worker will run it (and
-    dead-letter it) at once, it is not waiting.
+    dead-letter it) at once, it is not waiting. ``heads``, when given, gets each partition's
+    first record's due time (what its time lag counts from).
     """
     out: dict[tuple[str, int], tuple[int, bool]] = {}
     by_topic: dict[str, dict[int, int]] = {}
@@ -52,6 +75,8 @@ def waiting_counts(client: ClientSettings | str, rows: Sequence[Row], now: float
                 dues[m.partition].append(None)
         for p, ds in dues.items():
             out[(topic, p)] = (count_waiting(ds, now), p in got.truncated)
+            if heads is not None and ds:
+                heads[(topic, p)] = ds[0]
     return out
 
 
@@ -68,10 +93,13 @@ def read_lag(client: ClientSettings | str, group: str, names: Sequence[str],
     for t in sources:
         if t not in have:
             raise ConfigError(f"topic {t!r} does not exist on {settings.bootstrap_servers}")
-    main = group_lag(group, group_offsets(settings, group, sources, have), reset_policy,
-                     scale_to_zero)
+    rows = group_offsets(settings, group, sources, have)
+    now = time.time()
+    main = group_lag(group, rows, reset_policy, scale_to_zero, times=head_times(settings, rows),
+                     now=now)
     tier_group = retry_group(group)
     tier_rows = group_offsets(settings, tier_group, tier_topics_of(sources, have), have)
-    waiting = waiting_counts(settings, tier_rows, time.time(), limit)
-    retry = group_lag(tier_group, tier_rows, reset_policy, scale_to_zero, waiting)
+    heads: dict[tuple[str, int], float | None] = {}
+    waiting = waiting_counts(settings, tier_rows, now, limit, heads)
+    retry = group_lag(tier_group, tier_rows, reset_policy, scale_to_zero, waiting, heads, now)
     return main, retry

@@ -38,6 +38,9 @@ MetricName = Literal[
     "kworkers_paused_partitions",
     "kworkers_partition_stalled",
     "kworkers_consumer_lag",
+    "kworkers_consumer_time_lag_seconds",
+    "kworkers_drainable_lag",
+    "kworkers_drainable_time_lag_seconds",
     "kworkers_rebalances_total",
     "kworkers_commits_total",
     "kworkers_commit_failures_total",
@@ -134,7 +137,24 @@ class Metrics:
             "kworkers_consumer_lag", "Log end minus the group's position (the worker's own, "
             "else the committed offset read at assignment), as `kworkers lag` counts it; "
             "absent until known, removed when the partition is revoked",
-            ["group", "topic", "partition"], registry=r)
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
+        # The figures built on the lag (kworkers.consumer.lag_view; docs/AUTOSCALING.md).
+        # livemax: under --processes a partition's owner shows its value, the others 0.
+        self.time_lag = Gauge(
+            "kworkers_consumer_time_lag_seconds", "How long the partition's oldest record not "
+            "yet completed has waited: now minus its timestamp (a retry tier or schedule rung: "
+            "minus its kw-due-at, 0 while not due); 0 with nothing outstanding; absent until "
+            "known, removed when the partition is revoked",
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
+        self.drainable = Gauge(
+            "kworkers_drainable_lag", "Records outstanding that more replicas could drain: 0 "
+            "for a partition held on purpose (breaker open, registry down, fenced, a pool-wide "
+            "rate limit, a lease, draining); a tier partition counts its due records only",
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
+        self.drainable_time_lag = Gauge(
+            "kworkers_drainable_time_lag_seconds", "kworkers_consumer_time_lag_seconds of a "
+            "partition with drainable records, else 0 (what the time-lag trigger scales on)",
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
         self.decode_failures = Counter(
             "kworkers_payload_decode_failures", "Keys and values the deserializers could not "
             "decode, by field and kind: permanent (dead-lettered: bad bytes, unknown schema id) "

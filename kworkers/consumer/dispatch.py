@@ -21,12 +21,24 @@ from kworkers.consumer.runner import Runner
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.memory import record_sizes
 from kworkers.message import Message
+from kworkers.retry_tiers.headers import HeaderError, due_at_of
 
 #: key lanes that went idle are pruned every this many dispatched batches
 PRUNE_EVERY = 100
 
 _TP = itemgetter(0, 1)  # a Message's (topic, partition)
 _OFFSET = itemgetter(2)
+
+
+def _time_of(m: Message, gated: bool) -> float | None:
+    """What a record's time lag counts from (``time_lag``): its ``kw-due-at`` in a gated loop
+    (retry tiers, schedule rungs), else its Kafka timestamp."""
+    if gated:
+        try:
+            return due_at_of(m.headers)
+        except HeaderError:
+            return None  # corrupt: dead-lettered at once by the gate, never waits
+    return None if m.timestamp_ms is None else m.timestamp_ms / 1000.0
 
 
 class Dispatcher:
@@ -72,6 +84,10 @@ class Dispatcher:
             if len(tracked) != len(offsets):  # a refetch after pause/resume
                 keep = set(tracked)
                 group = [m for m in group if m[2] in keep]
+            if group:  # once per run, not per record: the times of its ends (``time_lag``)
+                first, last = group[0], group[-1]
+                ps.stamps.add(first.offset, _time_of(first, gate is not None), last.offset,
+                              _time_of(last, gate is not None))
             if gate is None and not key_mode:
                 self.enqueue(ps.lane, list(group))
                 continue

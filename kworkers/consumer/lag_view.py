@@ -12,24 +12,41 @@ broker.
 
 ``figure`` is the number (KEDA's arithmetic, ``kworkers.lag.partition_lag``, as ``kworkers
 lag`` shows it); until the base is known there is none, and the series is absent rather than
-wrong. The poll thread is the gauge's only writer (``report``), so a revoked or lost
-partition's series, removed by ``forget``, never comes back from a late read. Later figures
-built on the lag (time lag, drainable lag) start from ``figure``.
+wrong. The poll thread is the gauges' only writer (``report``), so a revoked or lost
+partition's series, removed by ``forget``, never comes back from a late read.
+
+The figures built on the lag are made here too, from the same reads (``Figures``): the time
+lag (``time_lag``: how long the oldest record not completed has waited, or how late a due
+tier record is), the drainable lag (``drainable``: what more replicas could drain, from the
+stall detector's ``Hold`` facts) and the drainable time lag (the time lag of a partition with
+drainable records, else 0). They count from the oldest record not yet completed, not from the
+last commit: records completed and waiting for the next commit are nobody's work.
+
+Under ``--processes`` every child writes its own value of a series (prometheus-client's
+multiprocess files, one per process), and a removed series stays in the child's file: the
+gauges are ``livemax`` (no ``pid`` label) and a partition that leaves a child is set to 0
+there instead of removed, so the partition's owner's value is the one shown, and a sum over
+replicas counts each partition once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from kworkers.clock import Clock, SystemClock
+from kworkers.consumer.drainable import drainable
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort
+from kworkers.consumer.stall import PartitionView
 from kworkers.consumer.stall_watch import LagSource
+from kworkers.consumer.time_lag import time_lag
 from kworkers.lag import partition_lag
 
 log = logging.getLogger("kworkers.consumer")
@@ -46,6 +63,35 @@ class _Gauge(Protocol):
 class Labelled(Protocol):
     def labels(self, *values: str) -> _Gauge: ...
     def remove(self, *values: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The gauges built on the lag (``kworkers.metrics``), each labelled group, topic,
+    partition."""
+
+    time_lag: Labelled
+    drainable: Labelled
+    drainable_time_lag: Labelled
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the drainable rule needs beyond the lag, read by the poll loop at a report."""
+
+    #: the stall detector's latest views, by partition (their ``hold``)
+    views: Mapping[TP, PartitionView]
+    #: how many of a partition's records wait in its tier heap (None: no gate)
+    waiting: Callable[[PartitionState], int] | None = None
+    #: the worker's rate limit is the pool's (``scope="pool"``)
+    pool_rate_limit: bool = False
+    #: ... with one bucket for every record, and a record of the loop waits for it
+    pool_at_bound: bool = False
+
+
+def _multiprocess() -> bool:
+    """prometheus-client writes values to per-process files (``--processes``)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +123,13 @@ def owned_lag(latest: int | None, own: int | None, read: Read | None) -> int | N
 class LagView:
     """The lag gauge of one poll loop (``kworkers_consumer_lag{group,topic,partition}``)."""
 
-    def __init__(self, group: str, source: LagSource | None, gauge: Labelled) -> None:
+    def __init__(self, group: str, source: LagSource | None, gauge: Labelled,
+                 figures: Figures | None = None, clock: Clock | None = None) -> None:
         self.group = group
         self.source = source
         self.gauge = gauge
+        self.figures = figures
+        self.clock = clock or SystemClock()
         self._lock = threading.Lock()
         #: reads at assignment, kept with the partition state they were made for
         self._reads: dict[TP, tuple[PartitionState, Read]] = {}
@@ -100,35 +149,89 @@ class LagView:
 
     def figure(self, ps: PartitionState, consumer: ConsumerPort) -> int | None:
         """The partition's lag now (``owned_lag``), or None while it is not known."""
+        latest, read = self._known(ps, consumer)
+        tr = ps.tracker
+        return owned_lag(latest, tr.committed if tr.committed is not None else tr.position,
+                         read)
+
+    def outstanding(self, ps: PartitionState, consumer: ConsumerPort) -> int | None:
+        """Records from the oldest not yet completed to the log end (the lag less what
+        completed and waits for the next commit), or None while it is not known."""
+        latest, read = self._known(ps, consumer)
+        tr = ps.tracker
+        return owned_lag(latest, tr.oldest if tr.oldest is not None else tr.position, read)
+
+    def _known(self, ps: PartitionState, consumer: ConsumerPort
+               ) -> tuple[int | None, Read | None]:
+        """(the client's cached log end, the read made at the assignment of this state)."""
         try:
             _lo, hi = consumer.watermarks(ps.tp, 0.0)
             latest: int | None = hi if hi >= 0 else None
         except Exception:  # not fetched yet: nothing cached
             latest = None
-        tr = ps.tracker
-        own = tr.committed if tr.committed is not None else tr.position
         with self._lock:
             got = self._reads.get(ps.tp)
-        read = got[1] if got is not None and got[0] is ps else None
-        return owned_lag(latest, own, read)
+        return latest, got[1] if got is not None and got[0] is ps else None
 
-    def report(self, parts: Iterable[PartitionState], consumer: ConsumerPort) -> None:
+    def report(self, parts: Iterable[PartitionState], consumer: ConsumerPort,
+               facts: Facts | None = None) -> None:
         self.fresh = False
+        now = self.clock.now()
         for ps in list(parts):
             n = self.figure(ps, consumer)
+            labels = (self.group, ps.topic, str(ps.partition))
             if n is not None:
-                self.gauge.labels(self.group, ps.topic, str(ps.partition)).set(n)
+                self.gauge.labels(*labels).set(n)
                 self._shown.add(ps.tp)
+            out = None if self.figures is None else self.outstanding(ps, consumer)
+            if self.figures is None or out is None:
+                continue
+            if out == 0:
+                ps.caught_up_at = now
+            tr = ps.tracker
+            head = tr.oldest
+            t = time_lag(now, out, None if head is None else ps.stamps.time_of(head),
+                         ps.stamps.last_t, ps.caught_up_at)
+            d = self.drainable(ps, out, facts)
+            f = self.figures
+            f.drainable.labels(*labels).set(d)
+            if t is not None:
+                f.time_lag.labels(*labels).set(t)
+                f.drainable_time_lag.labels(*labels).set(t if d > 0 else 0.0)
+            self._shown.add(ps.tp)
+
+    @staticmethod
+    def drainable(ps: PartitionState, outstanding: int, facts: Facts | None) -> int:
+        """``drainable.drainable`` for ``ps`` with the loop's facts."""
+        if facts is None:
+            return drainable(None, outstanding)
+        view = facts.views.get(ps.tp)
+        waiting = facts.waiting(ps) if facts.waiting is not None else 0
+        return drainable(None if view is None else view.hold, outstanding,
+                         ps.tracker.in_flight - waiting,
+                         pool_rate_limit=facts.pool_rate_limit,
+                         pool_at_bound=facts.pool_at_bound)
 
     def forget(self, tps: Iterable[TP]) -> None:
-        """Revoked or lost: their series go (another member reports them now)."""
+        """Revoked or lost: their series go (another member reports them now); under
+        ``--processes`` they are set to 0 instead (the module doc says why)."""
+        gauges = [self.gauge]
+        if self.figures is not None:
+            f = self.figures
+            gauges += [f.time_lag, f.drainable, f.drainable_time_lag]
+        shared = _multiprocess()
         for tp in tps:
             with self._lock:
                 self._reads.pop(tp, None)
             if tp in self._shown:
                 self._shown.discard(tp)
-                with contextlib.suppress(KeyError):
-                    self.gauge.remove(self.group, tp[0], str(tp[1]))
+                labels = (self.group, tp[0], str(tp[1]))
+                for g in gauges:
+                    if shared:
+                        g.labels(*labels).set(0)
+                    else:
+                        with contextlib.suppress(KeyError):
+                            g.remove(*labels)
 
     # -- the read's thread --------------------------------------------------------------------
 

@@ -165,6 +165,11 @@ class OffsetTracker:
         return self._bytes_in - self._cum[self._cut]
 
     @property
+    def oldest(self) -> int | None:
+        """The lowest offset in flight (tracked, not completed), or None when none is."""
+        return self._pending[0] if self._pending else None
+
+    @property
     def position(self) -> int | None:
         """Lowest offset not yet done (the value to commit), or None before any completion."""
         return self._position

@@ -12,6 +12,7 @@ from typing import Any
 
 from kworkers.clock import Clock, SystemClock
 from kworkers.consumer.offsets import OffsetTracker
+from kworkers.consumer.time_lag import Stamps
 from kworkers.memory import RECORD_COST
 from kworkers.message import Message
 
@@ -278,11 +279,15 @@ class Partition:
 class PartitionState(Partition):
     """A consumer group's partition, owned by the poll thread: offsets, its lanes, pause."""
 
-    __slots__ = ("held", "lane", "paused", "tracker")
+    __slots__ = ("caught_up_at", "held", "lane", "paused", "stamps", "tracker")
 
     def __init__(self, topic: str, partition: int, clock: Clock = _SYSTEM_CLOCK) -> None:
         super().__init__(topic, partition, clock)
         self.tracker = OffsetTracker()
+        #: the times of what it fetched, for its time lag (``time_lag``)
+        self.stamps = Stamps()
+        #: when it was last seen with nothing outstanding (epoch seconds; ``time_lag``)
+        self.caught_up_at: float | None = None
         self.lane = Lane(self)  # the partition lane (ordering="partition")
         self.paused = False
         #: at its share and held rather than paused: the loop polls nothing meanwhile

@@ -28,7 +28,7 @@ from kworkers.consumer.committer import Committer
 from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.dispatch import Dispatcher
 from kworkers.consumer.fencing import Membership
-from kworkers.consumer.lag_view import LagView
+from kworkers.consumer.lag_view import Facts, Figures, LagView
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort, TransactionPort
 from kworkers.consumer.runner import Runner
@@ -128,7 +128,9 @@ class Processor:
         self.stall_views: tuple[PartitionView, ...] = ()
         self._last_views = float("-inf")
         #: the lag gauge, right from the first scrape (committed offsets read at assignment)
-        self.lag_view = LagView(group, lag_source, metrics.lag)
+        self.lag_view = LagView(group, lag_source, metrics.lag,
+                                Figures(metrics.time_lag, metrics.drainable,
+                                        metrics.drainable_time_lag), clock)
         self.stall_watch = StallWatch(
             self.group, settings.partition_stall_bound(), lambda: self.stall_views, offsets,
             clock, supervisor,
@@ -243,7 +245,7 @@ class Processor:
         now = self.clock.monotonic()
         if now - self._last_lag >= LAG_INTERVAL_S or self.lag_view.fresh:
             self._last_lag = now
-            self.lag_view.report(self.parts.values(), self.consumer)
+            self.lag_view.report(self.parts.values(), self.consumer, self._facts())
         if now - self._last_views >= VIEWS_INTERVAL_S:
             self._last_views = now
             decoder, pacer, breaker = self.runner.decoder, self.runner.pacer, self.runner.breaker
@@ -257,6 +259,15 @@ class Processor:
                 registry_due=decoder.asks_due() if decoder is not None else None,
                 leases=self.runner.lease_waits())
         self._commits(now)
+
+    def _facts(self) -> Facts:
+        """What the drainable rule reads beyond the lag (``lag_view.Facts``)."""
+        pacer, gate = self.runner.pacer, self.gate
+        pool = pacer is not None and pacer.pool_wide
+        return Facts({v.tp: v for v in self.stall_views},
+                     gate.held if gate is not None else None, pool,
+                     pool and pacer is not None and pacer.fixed is not None
+                     and bool(pacer.waiting()))
 
     @property
     def _fenced(self) -> bool:

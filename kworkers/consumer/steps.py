@@ -103,6 +103,12 @@ class Pacer(Protocol):
     #: the bucket of every record (None: one per key or per name, ``bucket_of`` each record)
     fixed: str | None
 
+    @property
+    def pool_wide(self) -> bool:
+        """The limit is the pool's (``scope="pool"``): more replicas share it, so what it
+        holds is not drainable (``consumer.drainable``)."""
+        ...
+
     def bucket_of(self, msg: Message) -> str | None: ...
 
     def acquire(self, tp: TP, name: str, want: int,

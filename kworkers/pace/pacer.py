@@ -160,6 +160,12 @@ class Pacer:
 
     # ------------------------------------------------------------------ taking
 
+    @property
+    def pool_wide(self) -> bool:
+        """One bucket for every replica (``scope="pool"``): what it holds no replica more
+        would drain (``consumer.drainable``)."""
+        return self.limit.scope == "pool"
+
     def waiting(self) -> set[TP]:
         """The partitions whose next record waits for a token now."""
         with self._lock:

@@ -92,3 +92,19 @@ def test_tiers_are_shown_by_delay_not_as_text() -> None:
     g = group_lag("g.retry", rows, "earliest", False, {})
     assert [p.topic for p in g.partitions] == ["o.retry.1s", "o.retry.2m", "o.retry.10m"]
     assert [b.topic for b in tier_backlogs(g)] == ["o.retry.1s", "o.retry.2m", "o.retry.10m"]
+
+
+def test_time_lag_of_kworkers_lag_counts_from_the_record_at_the_committed_position() -> None:
+    """``kworkers lag``'s time lag (issue #47 item 1): now minus the time of the record at the
+    committed position; 0 with no lag; a tier record not due is 0; None where not read."""
+    from kworkers.lag import lag_seconds
+
+    assert lag_seconds(100.0, 0, None) == 0.0          # caught up: 0, nothing read
+    assert lag_seconds(100.0, 5, 40.0) == 60.0
+    assert lag_seconds(100.0, 5, 130.0) == 0.0         # not due yet / a clock ahead
+    assert lag_seconds(100.0, 5, None) is None
+    g = group_lag("g", [("t", 0, 10, 4), ("t", 1, 10, 10), ("t", 2, 10, 2)],
+                  times={("t", 0): 70.0, ("t", 2): 90.0}, now=100.0)
+    assert [p.time_lag for p in g.partitions] == [30.0, 0.0, 10.0]
+    assert g.time_lag == 30.0                            # the group's: the largest
+    assert group_lag("g", [("t", 0, 10, 4)]).time_lag is None
