@@ -11,6 +11,7 @@ rendered is what would run. Rendering is ``kworkers.deploy``; no broker is conta
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -49,7 +50,18 @@ def deploy() -> None:
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,
               help="At most the partition count (the default); share mode: required.")
 @click.option("--prometheus", default=None,
-              help="Share mode: the Prometheus server KEDA queries for the backlog.")
+              help="The Prometheus server KEDA queries (http://HOST:PORT): the pool grows on "
+                   "drainable lag (share mode: required, for the backlog too).")
+@click.option("--scale-on", type=click.Choice(["records", "seconds"]), default="records",
+              show_default=True,
+              help="With --prometheus: grow on drainable records (--lag-threshold per "
+                   "replica) or on drainable time lag (a replica per partition behind "
+                   "--time-lag-target).")
+@click.option("--lag-threshold", type=int, default=None,
+              help="Records of lag per replica (default 100).")
+@click.option("--time-lag-target", default=None,
+              help="With --scale-on seconds: how far behind a partition may fall before it "
+                   "wants a replica of its own (30s, 2m; default 30s).")
 @click.option("--sasl-secret", default=None,
               help="Secret holding SASL username/password (OAUTHBEARER: client id/secret), "
                    "used over SASL_SSL.")
@@ -70,7 +82,9 @@ def deploy() -> None:
 @bootstrap_option
 @property_option
 def deploy_render(target: str, image: str, app: str, partitions: int, namespace: str,
-                  max_replicas: int | None, prometheus: str | None, sasl_secret: str | None,
+                  max_replicas: int | None, prometheus: str | None, scale_on: str,
+                  lag_threshold: int | None, time_lag_target: str | None,
+                  sasl_secret: str | None,
                   tls_secret: str | None, tls_client_cert: bool, allow_plaintext_sasl: bool,
                   brokers: int | None, out_dir: str | None,
                   config_path: str | None, bootstrap: str | None,
@@ -84,14 +98,34 @@ def deploy_render(target: str, image: str, app: str, partitions: int, namespace:
     --allow-plaintext-sasl."""
     from kworkers.cli.run import configure
     from kworkers.deploy import render
+    from kworkers.deploy.autoscale import Autoscale, check_server, parse_duration
+    from kworkers.deploy.manifests import DEFAULT_SCALER
 
+    # the trigger settings first: a bad one is refused before the worker module is imported
+    scaler = DEFAULT_SCALER
+    if lag_threshold is not None:
+        if lag_threshold < 1:
+            raise ConfigError(f"--lag-threshold: a whole number of records >= 1, got "
+                              f"{lag_threshold}")
+        scaler = dataclasses.replace(scaler, lag_threshold=lag_threshold)
+    lag_target = (parse_duration(time_lag_target) if time_lag_target is not None
+                  else None)
+    autoscale = None
+    if prometheus is not None:
+        autoscale = Autoscale(check_server(prometheus), "seconds" if scale_on == "seconds"
+                              else "records", scaler.lag_threshold,
+                              *(() if lag_target is None else (lag_target,)))
+    elif scale_on == "seconds" or lag_target is not None:
+        raise ConfigError("--scale-on seconds and --time-lag-target read the workers' "
+                          "drainable time lag from Prometheus: pass --prometheus")
     flags = settings.client_flags(bootstrap, properties)
     _check_carried(settings.overrides(flags, os.environ, config_path))
     worker = configure(target, flags, os.environ, config_path)
     files = render(worker.config, image=image, app=app, module=target, partitions=partitions,
                    namespace=namespace, max_replicas=max_replicas, sasl_secret=sasl_secret,
                    prometheus=prometheus, tls_secret=tls_secret, tls_client_cert=tls_client_cert,
-                   plaintext_sasl=allow_plaintext_sasl, brokers=brokers)
+                   plaintext_sasl=allow_plaintext_sasl, brokers=brokers, scaler=scaler,
+                   autoscale=autoscale)
     for name, text in sorted(files.items()):
         if out_dir is None:  # one multi-document stream: `| kubectl apply -f -` takes it
             click.echo(f"---\n# {name}\n{text}", nl=False)

@@ -7,13 +7,14 @@ they cannot drift apart the way hand-edited YAML does.
 
 One Deployment runs both of a worker's poll loops (the main group on the source topics and
 ``<group>.retry`` on the tier topics: ``Worker.run`` always starts both), so one ScaledObject
-scales it, with one trigger per source topic for the main group and one per tier topic for the
-retry group. The retry triggers set ``excludePersistentLag``: records waiting for their due
-time keep a tier partition's committed offset still, which KEDA then leaves out of the scaling
-metric while still counting it for activation, so waiting retries keep one pod alive (someone
-has to run them when due) but never grow the pool. KEDA allows one ScaledObject per workload,
-so a second ScaledObject for the retry group would need a second Deployment that runs only the
-retry loop, which ``Worker`` cannot do yet.
+scales it on both groups. How it scales is ``kworkers.deploy.autoscale``: with a Prometheus
+server (``prometheus``), a Prometheus trigger on the workers' drainable lag grows the pool and
+Kafka triggers (one per source topic and per tier topic, a ``lagThreshold`` no lag reaches)
+only wake it from zero and keep one replica while anything waits. Without one, the main
+group's Kafka triggers scale on raw lag as KEDA counts it (lag held on purpose grows the pool
+too; a pool-wide rate limit then needs an explicit ``max_replicas``), and the tier triggers
+still only wake: KEDA's ``excludePersistentLag`` does not keep waiting retries out (the tier
+loop commits as earlier records come due, so everything waiting behind them counts).
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from typing import Any
 
 from kworkers.config import WorkerConfig
 from kworkers.deploy import env as envvars
+from kworkers.deploy.autoscale import (
+    ACTIVATION_ONLY_LAG_THRESHOLD,
+    Autoscale,
+    check_server,
+    hpa_behavior,
+)
 from kworkers.deploy.comments import comments
 from kworkers.deploy.security import POD_UID, DeploySecurity, deploy_security
 from kworkers.deploy.yamltext import dump
@@ -131,6 +138,7 @@ def manifests(
     plaintext_sasl: bool = False,
     allow_loopback: bool = False,
     brokers: int | None = None,
+    autoscale: Autoscale | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The manifests as objects, keyed by the file they are written to (see ``render``)."""
     for what, name in (("app", app), ("namespace", namespace)):
@@ -148,15 +156,22 @@ def manifests(
         raise ConfigError(f"image: expected an image reference, got {image!r}")
     if not isinstance(partitions, int) or partitions < 1:
         raise ConfigError(f"partitions: must be >= 1, got {partitions!r}")
+    scaler = scaler or DEFAULT_SCALER
+    if autoscale is None and prometheus is not None:
+        autoscale = Autoscale(check_server(prometheus), lag_threshold=scaler.lag_threshold)
     limit = config.rate_limit
-    if limit is not None and limit.scope == "pool" and max_replicas is None:
+    if (limit is not None and limit.scope == "pool" and max_replicas is None
+            and autoscale is None):
         raise ConfigError(
             f"max_replicas: the pool is rate-limited ({limit.per_second:g}/s for all replicas): "
             "the lag its own limit causes would scale it to every partition, each new pod only "
             "waiting for tokens; say max_replicas (--max-replicas), the pods that reach the limit "
-            "(ceil(per_second x handler seconds / concurrency), one more for failover)")
+            "(ceil(per_second x handler seconds / concurrency), one more for failover); or "
+            "pass prometheus (--prometheus): the pool then grows on drainable lag only, which "
+            "a pool at its limit does not have")
     if config.mode == "share":
-        top, low = _share_bounds(max_replicas, min_replicas, prometheus)
+        top, low = _share_bounds(max_replicas, min_replicas,
+                                 autoscale.prometheus if autoscale else prometheus)
     else:
         top = partitions if max_replicas is None else max_replicas
         low = 0 if min_replicas is None else min_replicas
@@ -169,7 +184,6 @@ def manifests(
                           f"{low}..{top}")
     if not 1 <= metrics_port <= 65535:
         raise ConfigError(f"metrics_port: 1..65535, got {metrics_port}")
-    scaler = scaler or DEFAULT_SCALER
     if scaler.allow_idle_consumers:
         raise ConfigError("scaler: allowIdleConsumers would let KEDA run idle consumers")
     names = _Names(app, namespace)
@@ -179,7 +193,7 @@ def manifests(
                                            metrics_port, sec,
                                            _resources(config, resources, brokers)),
         "keda/scaledobject.yaml": _scaledobject(config, names, scaler, low, top, sec,
-                                                prometheus),
+                                                autoscale),
     }
     if sec.keda_auth:
         files["keda/triggerauthentication.yaml"] = _triggerauth(names, sec)
@@ -206,6 +220,7 @@ def render(
     plaintext_sasl: bool = False,
     allow_loopback: bool = False,
     brokers: int | None = None,
+    autoscale: Autoscale | None = None,
 ) -> dict[str, str]:
     """File name (``k8s/...`` or ``keda/...``) -> YAML text, for ``kworkers deploy render``.
 
@@ -221,7 +236,9 @@ def render(
     (``kworkers.deploy.security``); ``scaler``: the Kafka trigger settings
     (``DEFAULT_SCALER``); ``resources``: container requests and limits (memory, unless
     given: the worker's worst case with ``brokers`` brokers to fetch from, by default the
-    bootstrap list's count and at least ``kworkers.memory.DEFAULT_BROKERS``).
+    bootstrap list's count and at least ``kworkers.memory.DEFAULT_BROKERS``); ``prometheus``:
+    the Prometheus server KEDA queries, so the pool grows on drainable lag in records
+    (``autoscale`` says records or seconds and the targets; ``kworkers.deploy.autoscale``).
 
     The bootstrap address must be the cluster's: the default ``127.0.0.1:9092`` is refused,
     and so is any loopback address (in a pod it is the pod itself) unless ``allow_loopback``
@@ -237,12 +254,13 @@ def render(
                      metrics_port=metrics_port, sasl_secret=sasl_secret, scaler=scaler,
                      resources=resources, prometheus=prometheus, tls_secret=tls_secret,
                      tls_client_cert=tls_client_cert, plaintext_sasl=plaintext_sasl,
-                     allow_loopback=allow_loopback, brokers=brokers)
+                     allow_loopback=allow_loopback, brokers=brokers, autoscale=autoscale)
     sec = deploy_security(config, sasl_secret, tls_secret, tls_client_cert, plaintext_sasl)
     memory = None
     if resources is None or resources.memory_limit is None:
         memory = config.memory_bound(_brokers(config, brokers)).describe()
-    notes = comments(config.mode, sec, config.rate_limit, memory)
+    notes = comments(config.mode, sec, config.rate_limit, memory,
+                     autoscale or (Autoscale(prometheus) if prometheus else None))
     return {name: dump(obj, notes[name]) for name, obj in objs.items()}
 
 
@@ -452,6 +470,7 @@ def _share_bounds(max_replicas: int | None, min_replicas: int | None,
         raise ConfigError("prometheus: share mode scales on a Prometheus query of the workers' "
                           "backlog gauge (KEDA's Kafka scaler cannot read a share group): pass "
                           f"the server address, got {prometheus!r}")
+    check_server(prometheus)
     if max_replicas is None:
         raise ConfigError("max_replicas: a share group is not capped by the partitions; say "
                           "how far the pool may grow")
@@ -479,31 +498,58 @@ def _share_trigger(config: WorkerConfig, scaler: ScalerSettings,
 
 def _scaledobject(config: WorkerConfig, names: _Names, scaler: ScalerSettings,
                   min_replicas: int, max_replicas: int, sec: DeploySecurity,
-                  prometheus: str | None) -> dict[str, Any]:
-    retry = dataclasses.replace(scaler, exclude_persistent_lag=True)
+                  autoscale: Autoscale | None) -> dict[str, Any]:
+    # Kafka triggers that only wake the pool: any lag activates, none asks for a 2nd replica
+    wake = dataclasses.replace(scaler, lag_threshold=ACTIVATION_ONLY_LAG_THRESHOLD,
+                               exclude_persistent_lag=False)
+    groups: tuple[str, ...]
     if config.mode == "share":
-        assert prometheus is not None  # _share_bounds
-        triggers = [_share_trigger(config, scaler, prometheus)]
-    else:
+        assert autoscale is not None  # _share_bounds
+        triggers = [_share_trigger(config, scaler, autoscale.prometheus)]
+        groups = (config.retry_group_id,)
+    elif autoscale is not None:
+        triggers = [_trigger(_trigger_name("wake", t), config, config.group_id, t, wake,
+                             sec, names.auth) for t in config.topics]
+        groups = (config.group_id, config.retry_group_id)
+    else:  # raw lag, as KEDA's Kafka scaler counts it
         triggers = [_trigger(_trigger_name("main", t), config, config.group_id, t, scaler,
                              sec, names.auth) for t in config.topics]
-    triggers += [_trigger(_trigger_name("retry", t), config, config.retry_group_id, t, retry,
+        groups = ()
+    triggers += [_trigger(_trigger_name("wake", t), config, config.retry_group_id, t, wake,
                           sec, names.auth)
                  for t in config.tier_topics()]
+    if autoscale is not None and groups:
+        triggers.append(_drain_trigger(config, autoscale, groups))
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                           "name": names.app},
+        "pollingInterval": 30,
+        "cooldownPeriod": 300,
+        "minReplicaCount": min_replicas,
+        "maxReplicaCount": max_replicas,
+    }
+    if autoscale is not None:
+        spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior()}}
+    spec["triggers"] = triggers
     return {
         "apiVersion": KEDA_API,
         "kind": "ScaledObject",
         "metadata": names.meta(names.app),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
-                               "name": names.app},
-            "pollingInterval": 30,
-            "cooldownPeriod": 300,
-            "minReplicaCount": min_replicas,
-            "maxReplicaCount": max_replicas,
-            "triggers": triggers,
-        },
+        "spec": spec,
     }
+
+
+def _drain_trigger(config: WorkerConfig, autoscale: Autoscale,
+                   groups: tuple[str, ...]) -> dict[str, Any]:
+    """The Prometheus trigger that grows the pool on drainable lag (records or seconds)."""
+    return {"type": "prometheus",
+            "name": _trigger_name("drain", autoscale.scale_on, config.group_id),
+            "metadata": {
+                "serverAddress": autoscale.prometheus,
+                "query": autoscale.query(groups),
+                "threshold": autoscale.threshold,
+                "activationThreshold": "0",
+            }}
 
 
 def _triggerauth(names: _Names, sec: DeploySecurity) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def example_config() -> WorkerConfig:
 
 
 #: the render arguments of the committed example (6 partitions, SASL over TLS: the SASL
-#: credentials and the cluster's CA from Secrets)
+#: credentials and the cluster's CA from Secrets; grown on drainable lag read from Prometheus)
 EXAMPLE_ARGS: dict[str, Any] = {
     "image": "kworkers/worker:0.1.0",
     "app": "orders",
@@ -32,6 +32,7 @@ EXAMPLE_ARGS: dict[str, Any] = {
     "namespace": "default",
     "sasl_secret": "orders-kafka-sasl",
     "tls_secret": "orders-kafka-ca",
+    "prometheus": "http://prometheus-operated.monitoring.svc:9090",
 }
 
 
@@ -42,7 +43,6 @@ def example_files() -> dict[str, str]:
 #: the same pool in share mode: what differs is its ScaledObject, committed beside the other
 SHARE_EXAMPLE_ARGS: dict[str, Any] = {
     **EXAMPLE_ARGS, "max_replicas": 24,
-    "prometheus": "http://prometheus-operated.monitoring.svc:9090",
 }
 SHARE_EXAMPLE_FILE = "keda/scaledobject-share.yaml"
 

@@ -182,3 +182,36 @@ def test_the_pods_memory_is_the_workers_worst_case_from_every_entrance() -> None
     assert int(nine[:-2]) > 288
     bad = _render("--brokers", "0")
     assert bad.returncode == 2 and "--brokers" in bad.stderr
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--prometheus", "prometheus:9090"], "not a server address KEDA can query"),
+    (["--prometheus", "http://"], "not a server address KEDA can query"),
+    (["--prometheus", "/api/v1"], "not a server address KEDA can query"),
+    (["--prometheus", "http://p:9090", "--scale-on", "seconds", "--time-lag-target", "0"],
+     "positive duration"),
+    (["--prometheus", "http://p:9090", "--scale-on", "seconds", "--time-lag-target", "-5s"],
+     "positive duration"),
+    (["--prometheus", "http://p:9090", "--time-lag-target", "soon"], "positive duration"),
+    (["--scale-on", "seconds"], "pass --prometheus"),
+    (["--prometheus", "http://p:9090", "--lag-threshold", "0"], "--lag-threshold"),
+], ids=["no-scheme", "no-host", "path-only", "zero-target", "negative-target", "not-a-duration",
+        "seconds-without-prometheus", "zero-threshold"])
+def test_a_trigger_that_cannot_work_is_one_line_exit_2_and_writes_nothing(
+        tmp_path: Path, extra: list[str], says: str) -> None:
+    """Issue #47, bad input: refused in one line, exit 2, nothing written."""
+    out_dir = tmp_path / "out"
+    line = _one_line(_render(*extra, "--out", str(out_dir)))
+    assert says in line, line
+    assert not out_dir.exists()
+
+
+def test_render_scales_on_seconds_when_asked() -> None:
+    out = _render("--prometheus", "https://prom.monitoring:9090/", "--scale-on", "seconds",
+                  "--time-lag-target", "2m")
+    assert out.returncode == 0, out.stderr
+    [so] = [d for d in yaml.safe_load_all(out.stdout) if d["kind"] == "ScaledObject"]
+    [drain] = [t for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
+    assert drain["metadata"]["query"].startswith(
+        "count(max by (topic, partition) (kworkers_drainable_time_lag_seconds{")
+    assert "> 120)" in drain["metadata"]["query"] and drain["metadata"]["threshold"] == "1"

@@ -163,22 +163,42 @@ def test_deployment_runs_the_module_and_probes_the_metrics_port() -> None:
 
 
 def test_triggers_watch_both_groups_and_waiting_retries_do_not_scale() -> None:
+    """Issue #47 item 3: Kafka triggers on both groups only wake the pool (a lagThreshold no
+    lag reaches: they ask for 1 replica at most), a Prometheus trigger on the drainable lag of
+    both groups grows it; excludePersistentLag is never relied on."""
+    from kworkers.deploy.autoscale import ACTIVATION_ONLY_LAG_THRESHOLD, drainable_query
+
     cfg = example_config()
     so = sample()["keda/scaledobject.yaml"]
     triggers = so["spec"]["triggers"]
-    main = [t["metadata"] for t in triggers if t["name"].startswith("main-")]
-    retry = [t["metadata"] for t in triggers if t["name"].startswith("retry-")]
+    kafka = [t["metadata"] for t in triggers if t["type"] == "kafka"]
+    main = [m for m in kafka if m["consumerGroup"] == cfg.group_id]
+    retry = [m for m in kafka if m["consumerGroup"] == cfg.retry_group_id]
     assert [m["topic"] for m in main] == list(cfg.topics)
-    assert {m["consumerGroup"] for m in main} == {cfg.group_id}
     assert [m["topic"] for m in retry] == list(cfg.tier_topics())
-    assert {m["consumerGroup"] for m in retry} == {cfg.retry_group_id}
-    assert {m["excludePersistentLag"] for m in main} == {"false"}
-    assert {m["excludePersistentLag"] for m in retry} == {"true"}
-    for m in main + retry:
+    assert len(main) + len(retry) == len(kafka)
+    for m in kafka:
+        assert m["lagThreshold"] == str(ACTIVATION_ONLY_LAG_THRESHOLD)
+        assert m["activationLagThreshold"] == "0"
+        assert m["excludePersistentLag"] == "false"
         assert m["bootstrapServers"] == cfg.bootstrap_servers
         assert m["offsetResetPolicy"] == "earliest"  # the worker's auto.offset.reset
         assert m["sasl"] == "plaintext"
-    assert {t["authenticationRef"]["name"] for t in triggers} == {"orders-kafka-auth"}
+    [drain] = [t for t in triggers if t["type"] == "prometheus"]
+    assert drain["metadata"]["query"] == drainable_query((cfg.group_id, cfg.retry_group_id))
+    assert drain["metadata"]["threshold"] == "100"
+    assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"][
+        "scaleDown"]["stabilizationWindowSeconds"] == 300
+    # without a Prometheus server: the main group's raw lag, the tiers still only wake
+    raw = sample(prometheus=None)["keda/scaledobject.yaml"]["spec"]["triggers"]
+    assert {t["type"] for t in raw} == {"kafka"}
+    assert [t["metadata"]["lagThreshold"] for t in raw
+            if t["metadata"]["consumerGroup"] == cfg.group_id] == ["100"]
+    assert {t["metadata"]["lagThreshold"] for t in raw
+            if t["metadata"]["consumerGroup"] == cfg.retry_group_id} == {
+        str(ACTIVATION_ONLY_LAG_THRESHOLD)}
+    assert {t["authenticationRef"]["name"] for t in triggers
+            if t["type"] == "kafka"} == {"orders-kafka-auth"}
     ta = sample()["keda/triggerauthentication.yaml"]
     assert {(r["parameter"], r["name"], r["key"]) for r in ta["spec"]["secretTargetRef"]} == {
         ("username", "orders-kafka-sasl", "username"),
@@ -324,6 +344,8 @@ def test_security_settings_travel_in_the_configmap_and_the_triggers() -> None:
     assert data["KWORKERS_SASL_MECHANISM"] == "SCRAM-SHA-512"
     assert data["KWORKERS_SSL_CA_LOCATION"] == "/etc/kafka/ca.pem"
     for t in objs["keda/scaledobject.yaml"]["spec"]["triggers"]:
+        if t["type"] != "kafka":
+            continue
         assert t["metadata"]["sasl"] == "scram_sha512" and t["metadata"]["tls"] == "enable"
         assert keda_problems(objs["keda/scaledobject.yaml"]) == []
     # what the pods read back is what was rendered, credentials from the Secret on top
@@ -417,9 +439,14 @@ def test_a_rate_limited_pool_names_its_own_max_replicas() -> None:
     from kworkers.pace import RateLimit
 
     cfg = dataclasses.replace(example_config(), rate_limit=RateLimit(per_second=100, burst=20))
+    raw = {**EXAMPLE_ARGS, "prometheus": None}  # grown on raw lag: the workaround stays
     with pytest.raises(ConfigError, match="max_replicas: the pool is rate-limited"):
-        manifests(cfg, **EXAMPLE_ARGS)
-    files = render(cfg, **{**EXAMPLE_ARGS, "max_replicas": 3})
+        manifests(cfg, **raw)
+    # grown on drainable lag (issue #47): a pool at its limit has none, no workaround needed
+    drained = render(cfg, **EXAMPLE_ARGS)["keda/scaledobject.yaml"]
+    assert "maxReplicaCount: 6" in drained and "report no drainable lag" in " ".join(
+        drained.replace("#", "").split())
+    files = render(cfg, **{**raw, "max_replicas": 3})
     so = files["keda/scaledobject.yaml"]
     assert "maxReplicaCount: 3" in so and "kworkers_rate_limit_waiting" in so
     env = config_env(cfg)

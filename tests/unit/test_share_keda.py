@@ -123,8 +123,10 @@ def test_the_share_scaledobject_scales_on_the_backlog_query_beyond_the_partition
     assert main["type"] == "prometheus"
     assert main["metadata"]["query"] == share_backlog_query("orders-workers")
     assert main["metadata"]["threshold"] == "100"
-    assert {t["type"] for t in retry} == {"kafka"}
-    assert {t["metadata"]["consumerGroup"] for t in retry} == {"orders-workers.retry"}
+    wake = [t for t in retry if t["type"] == "kafka"]
+    assert {t["metadata"]["consumerGroup"] for t in wake} == {"orders-workers.retry"}
+    [drain] = [t for t in retry if t["type"] == "prometheus"]  # the tiers' due records
+    assert 'group="orders-workers.retry"' in drain["metadata"]["query"]
     assert keda_problems(so) == [] and cross_problems(objs) == []
     assert objs["k8s/configmap.yaml"]["data"]["KWORKERS_MODE"] == "share"  # type: ignore[index]
 
