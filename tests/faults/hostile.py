@@ -106,10 +106,10 @@ def run_key(group: str, headers: Iterable[tuple[str, bytes]]) -> str:
 
 @dataclass(frozen=True)
 class Expect:
-    """What must become of one hostile record, per group: ``handled``; ``dead`` with a reason
-    containing ``why``; ``skip`` (never run by that group, never dead-lettered by it); or
-    ``either`` (a randomly damaged record: handled, or dead-lettered once with a reason, not
-    both)."""
+    """What must become of one hostile record, per group: ``handled`` (applied exactly once,
+    never dead-lettered); ``dead`` with a reason containing ``why``; ``skip`` (never run by
+    that group, never dead-lettered by it); or ``either`` (a randomly damaged record: applied
+    exactly once, or dead-lettered once with a reason, not both)."""
 
     hid: str
     outcome: Mapping[str, str]  # group -> "handled" | "dead" | "skip" | "either"
@@ -148,15 +148,15 @@ def judge(expects: Iterable[Expect], ledger: Ledger,
             died = dead.get(key, [])
             if outcome == "handled":
                 v.handled += 1
-                if applied.get(key, 0) < 1 or died:
-                    v.problems.append(f"{key}: not handled (applied {applied.get(key, 0)}, "
-                                      f"dead letters {len(died)})")
+                if applied.get(key, 0) != 1 or died:  # applied twice is not handled
+                    v.problems.append(f"{key}: not handled exactly once (applied "
+                                      f"{applied.get(key, 0)}, dead letters {len(died)})")
             elif outcome == "either":
                 ran = applied.get(key, 0) >= 1
                 v.handled += ran
                 v.dead += bool(died)
-                if ran == bool(died) or len(died) > 1 or (died and not died[0].get(
-                        "kw-error-type")):
+                if ran == bool(died) or applied.get(key, 0) > 1 or len(died) > 1 or (
+                        died and not died[0].get("kw-error-type")):
                     v.problems.append(f"{key}: applied {applied.get(key, 0)}, dead letters "
                                       f"{len(died)}: expected one of the two")
             elif outcome == "dead":

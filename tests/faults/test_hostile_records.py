@@ -422,6 +422,23 @@ def test_canary_a_redrive_count_that_matches_can_still_be_wrong() -> None:
         "x.dlq/0/9: replayed 1 times, never expected"]
 
 
+def test_canary_a_record_applied_twice_is_not_handled(tmp_path: Path) -> None:
+    """"Handled" is applied exactly once, read from the append-only ledger: a worker that runs
+    a record's success again (a redelivery after a commit that was lost, a retry of a success)
+    is caught, for a fixed record ("handled") and a random one ("either") alike."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    msg = Message("src", 0, 0, b"k", b"v", ())
+    for key in ("g/s0/", "g/r0/"):  # the broken worker: each success run twice
+        ledger.apply(key, msg)
+        ledger.apply(key, msg)
+    ledger.apply("g/s1/", msg)  # the honest one
+    expects = [Expect("s0", {"g": "handled"}), Expect("r0", {"g": "either"}),
+               Expect("s1", {"g": "handled"})]
+    assert judge(expects, ledger, {}).problems == [
+        "g/s0/: not handled exactly once (applied 2, dead letters 0)",
+        "g/r0/: applied 2, dead letters 0: expected one of the two"]
+
+
 def _trusting_source_topic(self: FailureRouter, msg: Message) -> str:
     """The bug of issue 15: the destination named by the record's own headers."""
     try:
