@@ -432,8 +432,9 @@ def test_a_hand_off_the_acls_refuse_goes_to_the_own_dlq_with_the_reason(
     assert not read_all(plain, tier, 3)
 
 
-# KWORKERS_FULL=1 only (CI time budget): the same logic is tests/unit/test_handoff_step.py's
-@pytest.mark.full_only
+# in CI since issue #44 (a few seconds); the same logic is tests/unit/test_handoff_step.py's,
+# its canary (a refusal taken for an acknowledgement commits past the record) is in
+# test_hostile_records.py (test_canary_a_dlq_refusal_taken_for_an_acknowledgement_...)
 def test_where_the_dlq_is_refused_too_the_worker_turns_unhealthy_and_keeps_the_record(
         sasl_cluster: SaslCluster) -> None:
     d = _denied_tier(sasl_cluster)
