@@ -6,6 +6,10 @@ a deployment (what does one slow partition do? do waiting retries scale the pool
 go to zero?) is to compute what KEDA computes, from offsets a test can write down. Nothing here
 talks to a broker; ``PartitionOffsets`` values come from whoever read the offsets.
 
+Checked against KEDA's own code: tests/integration/test_keda_scaler_judge.py polls KEDA
+v2.18.0's Kafka scaler (``scalers.NewKafkaScaler``, deploy/keda/scaler-probe) and this model
+on the same group states, for every metadata key that changes the figure, and they must agree.
+
 The rules, as KEDA 2.x applies them per poll:
 
 1. Lag per partition is ``latest - committed``. A partition with no committed offset has

@@ -157,3 +157,49 @@ ensure_stores() {
   ensure_postgres
   ensure_redis
 }
+
+# KEDA's own Kafka scaler as a program the autoscaling tests drive (deploy/keda/scaler-probe),
+# and KEDA's CRDs from the same module (the rendered ScaledObjects are validated against them).
+# Built once per machine into ~/.cache/kworkers/keda-probe-<hash of its go.mod, go.sum and
+# source> (minutes the first time, a ~125 MB binary; never in the clone). Needs Go >= 1.24.7
+# (/usr/local/go or PATH) and the Go module proxy. Where it cannot be built this says why and
+# carries on: the tests that need it fail under CI (kworkers.testing.keda_probe).
+KEDA_PROBE_SRC="$ROOT/deploy/keda/scaler-probe"
+keda_probe_dir() {
+  local hash
+  hash=$(cat "$KEDA_PROBE_SRC/go.mod" "$KEDA_PROBE_SRC/go.sum" "$KEDA_PROBE_SRC/main.go" \
+    | sha256sum | cut -c1-16)
+  echo "${XDG_CACHE_HOME:-$HOME/.cache}/kworkers/keda-probe-$hash"
+}
+ensure_keda_probe() {
+  local dir go moddir
+  dir=$(keda_probe_dir)
+  if [ -x "$dir/keda-scaler-probe" ] && [ -f "$dir/crds/keda.sh_scaledobjects.yaml" ]; then
+    say "KEDA scaler probe: $dir"
+  else
+    go=$(command -v go || echo /usr/local/go/bin/go)
+    if [ ! -x "$go" ]; then
+      say "no Go toolchain: the KEDA scaler probe cannot be built (its tests fail under CI)"
+      return 0
+    fi
+    say "building KEDA's Kafka scaler probe into $dir (minutes, once per machine)"
+    mkdir -p "$dir.tmp/crds"
+    if ! (cd "$KEDA_PROBE_SRC" && "$go" build -trimpath \
+          -o "$dir.tmp/keda-scaler-probe" .) >&2; then
+      say "the KEDA scaler probe did not build (its tests fail under CI)"
+      rm -rf "$dir.tmp"; return 0
+    fi
+    moddir=$(cd "$KEDA_PROBE_SRC" && "$go" list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
+    cp "$moddir/config/crd/bases/keda.sh_scaledobjects.yaml" \
+       "$moddir/config/crd/bases/keda.sh_triggerauthentications.yaml" "$dir.tmp/crds/"
+    chmod -R u+w "$dir.tmp"
+    rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  fi
+  export KWORKERS_KEDA_PROBE="$dir/keda-scaler-probe" KWORKERS_KEDA_CRDS="$dir/crds"
+}
+
+# Debian's Prometheus for the autoscaling tests: each test runs its own server (its own
+# scrape targets, a temporary data directory), never the packaged service.
+ensure_prometheus() {
+  command -v prometheus >/dev/null 2>&1 || apt_install prometheus
+}

@@ -10,7 +10,12 @@ kworkers.deploy`` rewrites them).
 from kworkers.deploy.env import config_env, config_from_env
 from kworkers.deploy.manifests import DEFAULT_SCALER, Resources, grace_period, manifests, render
 from kworkers.deploy.samples import EXAMPLE_ARGS, example_config, example_files
-from kworkers.deploy.validate import cross_problems, keda_problems, validate_core
+from kworkers.deploy.validate import (
+    cross_problems,
+    keda_problems,
+    keda_schema_problems,
+    validate_core,
+)
 
 __all__ = [
     "DEFAULT_SCALER",
@@ -23,6 +28,7 @@ __all__ = [
     "example_files",
     "grace_period",
     "keda_problems",
+    "keda_schema_problems",
     "manifests",
     "render",
     "validate_core",

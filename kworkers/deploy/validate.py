@@ -7,12 +7,20 @@ API version, the fields KEDA requires, trigger metadata keys spelled the way KED
 scaler reads them (a misspelt key is silently ignored by KEDA and its default used instead,
 which is exactly the failure a check must catch) and every metadata value a string (KEDA's
 CRD types trigger metadata as ``map[string]string``: an unquoted ``true`` is rejected).
+
+``keda_schema_problems`` checks the same objects against KEDA's own CRDs (their
+``openAPIV3Schema``, from the KEDA module the tests build their scaler probe from) with
+``jsonschema``, strict as ``kubectl apply``'s default field validation is: a field the schema
+does not declare is an error, not silently pruned. ``keda_problems`` stays for what a schema
+cannot say (metadata keys KEDA's scaler reads: the CRD types metadata as any string map).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 KEDA_API = "keda.sh/v1alpha1"
@@ -228,3 +236,43 @@ def validate_core(obj: Mapping[str, Any], version: str = "1.30") -> None:
     import kubernetes_validate
 
     kubernetes_validate.validate(dict(obj), version, strict=True)
+
+
+def _strict(schema: Any) -> Any:
+    """An OpenAPI v3 structural schema with undeclared fields refused (Kubernetes prunes them,
+    or with kubectl's default strict field validation refuses them; a typo must fail here)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@cache
+def _crd_schema(path: Path) -> Any:
+    import yaml
+
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
+    return _strict(version["schema"]["openAPIV3Schema"])
+
+
+def keda_schema_problems(obj: Mapping[str, Any], crd_dir: Path) -> list[str]:
+    """``obj`` (a ScaledObject or TriggerAuthentication) checked against KEDA's CRD in
+    ``crd_dir`` (``keda.sh_scaledobjects.yaml``, ``keda.sh_triggerauthentications.yaml``):
+    one line per violation. Needs ``jsonschema`` and PyYAML (test dependencies)."""
+    import jsonschema
+
+    files = {"ScaledObject": "keda.sh_scaledobjects.yaml",
+             "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
+    kind = str(obj.get("kind"))
+    if kind not in files:
+        return [f"no KEDA CRD for kind {kind!r}"]
+    validator = jsonschema.Draft7Validator(_crd_schema(crd_dir / files[kind]))
+    return [f"{kind} {'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
+            for e in sorted(validator.iter_errors(dict(obj)), key=lambda e: list(
+                map(str, e.absolute_path)))]
