@@ -10,8 +10,9 @@ acknowledgement downstream), so a stop that does not wait for it leaves an appli
 offset is not committed: the next owner gets the record again and the receiver absorbs it.
 
 ``--canary slow-drain`` is the leave the fast-leave test must catch: a stop that keeps the
-lanes working through the fetched queue, for three times its bound (before issue #16's fix a
-drain ran the queue down for ``drain_timeout``).
+lanes working through the fetched queue, for three times its bound and the kubelet's margin
+(``GRACE_MARGIN_S``), so past the rendered grace period (before issue #16's fix a drain ran the
+queue down for ``drain_timeout``).
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ from kworkers.testing.ledger import Ledger
 
 def _slow_drain() -> None:
     """The canary: a stop halts nothing (lanes go on through their queues) and the drain
-    waits three times its bound for them."""
+    waits three times its bound for them, and the grace period's margin beyond: the kubelet
+    would SIGKILL it (``kworkers.deploy.manifests.grace_period``)."""
     from kworkers.consumer.partition import PartitionState
     from kworkers.consumer.processor import Processor
     from kworkers.consumer.settings import LoopSettings
+    from kworkers.deploy.manifests import GRACE_MARGIN_S
 
     bound = LoopSettings.started_work_bound
     PartitionState.halt = lambda self: None  # type: ignore[method-assign]
     Processor.stop = lambda self: self._stop.set()  # type: ignore[method-assign]
     LoopSettings.started_work_bound = (  # type: ignore[method-assign]
-        lambda self: 3 * bound(self))
+        lambda self: 3 * bound(self) + GRACE_MARGIN_S)
 
 
 def main(argv: list[str] | None = None) -> int:
