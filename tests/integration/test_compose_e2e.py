@@ -2,9 +2,11 @@
 demo producer.
 
 Builds the worker image locally (deploy/images/worker/build), brings the stack up on free ports
-(never 9092, so it cannot meet another test's broker), waits until the worker's /metrics shows
-records handled, and tears everything down. Prometheus is left out: its image lives on Docker
-Hub, which this machine cannot reach (the service sits behind the `prometheus` profile).
+(never 9092, so it cannot meet another test's broker), waits until the group's committed
+positions, read back from the stack's broker, are past every record the demo producer wrote
+(never the worker's own counters), and tears everything down. Prometheus is left out: its
+image lives on Docker Hub, which this machine cannot reach (the service sits behind the
+`prometheus` profile).
 
 Skips, saying why, without a Docker engine, without a compose tool, or without a local Kafka
 image (pulling one needs a registry). Every step is bounded in time.
@@ -23,10 +25,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from kworkers.testing import Broker
 from kworkers.testing.broker import default_image, free_port
+from kworkers.testing.checker import read_log
 from kworkers.testing.registry import CCOMPAT_PATH, LOCAL_REGISTRY_IMAGE, wait_ready
+from kworkers.testing.workload import make_topic, produce_numbered, unique
+from tests.faults.hostile import stalled, until_clean
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -65,6 +72,17 @@ def metric_total(port: int, name: str) -> float:
         return -1.0
     return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
                if s.name == name)
+
+
+def not_consumed(bs: str, group: str, topic: str, produced: int) -> list[str]:
+    """Read back from the broker: the topic holds the ``produced`` records (a producer's retry
+    may add one), and the group's committed position is past the last record of every
+    partition (none committed, or one short of the end, is a problem). Never the worker's own
+    counters."""
+    log = read_log(bs, topic, timeout=30)
+    held = sum(len(records) for records in log.records.values())
+    problems = [] if held >= produced else [f"{topic} holds {held} records, {produced} produced"]
+    return problems + stalled(bs, group, [topic])
 
 
 def http_status(port: int, path: str) -> int:
@@ -129,25 +147,20 @@ def test_records_flow_through_the_compose_stack(
                         env=env, capture_output=True, text=True, timeout=UP_TIMEOUT)
     assert up.returncode == 0, f"compose up failed:\n{up.stderr[-3000:]}"
 
+    # read back from the stack's broker: every record the producer wrote is in the topic and
+    # the group committed past it on every partition (commits are periodic and asynchronous:
+    # waited for, bounded; the timeout only bounds a hang)
+    bs = f"127.0.0.1:{env['KWORKERS_COMPOSE_KAFKA_PORT']}"
+    topic, group = env.get("KWORKERS_DEMO_TOPIC", "orders"), env.get("KWORKERS_DEMO_GROUP",
+                                                                       "orders-workers")
     deadline = time.monotonic() + UP_TIMEOUT
-    handled = -1.0
-    while time.monotonic() < deadline:
-        handled = metric_total(port, "kworkers_records_total")
-        if handled >= RECORDS:
-            break
-        time.sleep(1)
-    assert handled >= RECORDS, f"the worker handled {handled} of {RECORDS} records"
+    while metric_total(port, "kworkers_records_total") < 0 and \
+            time.monotonic() < deadline:
+        time.sleep(1)  # the worker's /metrics up: the stack is running
+    until_clean(lambda: not_consumed(bs, group, topic, RECORDS), UP_TIMEOUT,
+                f"{group} committed past all {RECORDS} records of {topic}")
     assert http_status(port, "/healthz") == 200
     assert http_status(port, "/readyz") == 200
-    # commits are periodic (every second) and asynchronous: the last records' commit may
-    # still be on its way when the count above is read, so it is waited for, bounded
-    commits = 0.0
-    while time.monotonic() < deadline:
-        commits = metric_total(port, "kworkers_commits_total")
-        if commits > 0:
-            break
-        time.sleep(0.5)
-    assert commits > 0, "the worker handled every record and committed nothing"
     # the stack's schema registry answers the Confluent protocol on loopback
     registry = (f"http://127.0.0.1:{env['KWORKERS_COMPOSE_REGISTRY_PORT']}"
                 f"{CCOMPAT_PATH}")
@@ -170,3 +183,29 @@ def test_records_flow_through_the_compose_stack(
     code = subprocess.run(["docker", "inspect", "-f", "{{.State.ExitCode}}", cid],
                           capture_output=True, text=True, timeout=30).stdout.strip()
     assert code == "0", f"the worker exited with {code} after SIGTERM"
+
+
+def test_canary_a_group_short_of_the_end_is_not_consumed(kafka_broker: Broker) -> None:
+    """The check above on the session's broker (the stack costs minutes): a group that
+    committed nothing, one that stopped one record short of the end, a topic short of a
+    record are each caught; the group committed to the end passes."""
+    bs = kafka_broker.bootstrap_servers
+    topic, group = make_topic(bs, unique("e2e-canary"), 1), unique("g")
+    produce_numbered(bs, topic, 20)
+
+    def commit(offset: int) -> None:
+        c = Consumer({"bootstrap.servers": bs, "group.id": group, "log_level": 3,
+                      "enable.auto.commit": False})
+        try:
+            c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+        finally:
+            c.close()
+
+    nothing = not_consumed(bs, group, topic, 20)
+    assert len(nothing) == 1 and f"{group} on {topic}/0: committed" in nothing[0], nothing
+    commit(19)  # the broken worker: the last record handled, its commit never sent
+    assert not_consumed(bs, group, topic, 20) == [
+        f"{group} on {topic}/0: committed 19, last record 19"]
+    commit(20)
+    assert not_consumed(bs, group, topic, 21) == [f"{topic} holds 20 records, 21 produced"]
+    assert not_consumed(bs, group, topic, 20) == []
