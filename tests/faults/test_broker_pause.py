@@ -21,6 +21,7 @@ Client timeouts these tests rely on (set here, stated in docs/RELIABILITY.md):
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +35,12 @@ from kworkers.consumer.commit import COMMIT_RETRY_WAITS, CommitPolicy
 from kworkers.consumer.committer import Committer
 from kworkers.consumer.processor import Processor
 from kworkers.idempotency import SqliteStore
+from kworkers.kafka.consumer import KafkaConsumerAdapter
 from kworkers.metrics import MetricsServer
 from kworkers.retry_tiers import headers as h
 from kworkers.testing import Broker, broker_from_env
 from kworkers.testing.checker import CommitSampler, FaultLog, Report, check, committed, read_log
-from kworkers.testing.instruments import RecordingInvoker, message_key
+from kworkers.testing.instruments import RecordingConsumer, RecordingInvoker, message_key
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.workload import make_topic, produce_numbered, unique
 from tests.faults.support import metric_total
@@ -107,6 +109,41 @@ class PauseRun:
     waits_all: list[float]
     committed_after_short: int
     metrics: dict[str, float]
+    #: the append-only ledger: deliveries (``RecordingInvoker``) and the rebalance callbacks
+    #: of the worker's consumer (``RecordingConsumer``)
+    ledger: Ledger
+    topic: str
+    #: wall times: each pause begun, and the run's end (everything committed)
+    short_at: float
+    long_at: float
+    end_at: float
+    #: the committed position read back from the broker once everything was done
+    committed_at_end: int
+
+
+def in_place_problems(ledger: Ledger, topic: str, start: float, end: float, paused_at: int,
+                      committed_after: int) -> list[str]:
+    """A pause ridden out in place, judged from outside the worker: between ``start`` and
+    ``end`` its consumer's rebalance callbacks (the ledger's rows) revoked or lost nothing, no
+    record was delivered again (the append-only delivery rows), and a commit past the record
+    that froze the broker (``paused_at``) was read back from the broker afterwards."""
+    out = [f"{r.kind} {r.topic}/{r.partition} {r.at - start:.1f}s after the pause began"
+           for r in ledger.rebalances()
+           if r.kind in ("revoke", "lost") and r.topic == topic and start <= r.at < end]
+    seen: set[tuple[int, int]] = set()
+    again = 0
+    for d in sorted(ledger.deliveries(), key=lambda d: d.at):
+        place = (d.partition, d.offset)
+        if d.topic == topic and place in seen and start <= d.at < end:
+            again += 1
+        seen.add(place)
+    if again:
+        out.append(f"{again} records delivered again")
+    if not committed_after > paused_at:
+        out.append(f"no commit past {paused_at} read back: committed {committed_after}")
+    if not any(d.topic == topic and start <= d.at < end for d in ledger.deliveries()):
+        out.append("nothing delivered in the window: it proves nothing")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -132,19 +169,24 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
                # timeout: the short pause then runs seed 001's waits in place
                commit=CommitPolicy(timeout_s=COMMIT_TIMEOUT_S),
                invoke=RecordingInvoker(ledger, ActivityInvoker()),
-               max_in_flight_per_partition=20, consume_batch=10)
+               max_in_flight_per_partition=20, consume_batch=10,
+               # the worker's own consumer, each rebalance callback written to the ledger
+               consumer=lambda g: RecordingConsumer(
+                   KafkaConsumerAdapter(w.config.consumer_properties(g)), ledger, "w"))
     w.create_topics()
     metrics_http = MetricsServer(w.metrics, 0, "127.0.0.1").start()
     commits = CommitSampler(bs, group, topic).start()
     waits: list[float] = []
     #: read by the handler of 200 once the short pause's commits are over: (waits, committed)
     short: list[tuple[list[float], int]] = []
+    began: dict[str, float] = {}
 
     @w.handler
     def handle(msg: Message) -> None:
         key = message_key(msg)
         store.apply_once(key, lambda conn: ledger.apply_in(conn, key, msg))
         if key == "100":
+            began.setdefault("short", time.time())
             pauser.pause("short", SHORT_PAUSE_S)
         elif key == "101":
             # the rest of the partition sits in the client's read-ahead (a hold keeps it), so
@@ -160,6 +202,7 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
             wait_for(lambda: committed(bs, group, topic).get(0, 0) > 100, 60,
                      "the short pause ridden out: a commit past 100")
             short.append((list(waits), committed(bs, group, topic)[0]))
+            began.setdefault("long", time.time())
             pauser.pause("long", LONG_PAUSE_S)
 
     with running(w):
@@ -171,6 +214,7 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
         wait_for(lambda: "long" in pauser.resumed and pauser.resumed["long"].is_set(), 120,
                  "the long pause")
         wait_for(lambda: committed(bs, group, topic) == {0: total}, 120, "everything committed")
+        end_at = time.time()
         metrics = {name: _metric(metrics_http.port, f"kworkers_{name}_total", group)
                    for name in ("commits", "commit_failures", "commit_uncertain")}
     metrics_http.close()
@@ -178,7 +222,8 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
                    commits=commits.stop())
     print(f"{report.summary()} waits={waits} metrics={metrics} sampler gaps {commits.gaps}")
     waits_short, after_short = short[0]
-    return PauseRun(report, waits_short, list(waits), after_short, metrics)
+    return PauseRun(report, waits_short, list(waits), after_short, metrics, ledger, topic,
+                    began["short"], began["long"], end_at, committed(bs, group, topic)[0])
 
 
 def test_pauses_mid_commit_lose_nothing_and_apply_nothing_twice(pause_run: PauseRun) -> None:
@@ -191,8 +236,28 @@ def test_pauses_mid_commit_lose_nothing_and_apply_nothing_twice(pause_run: Pause
 
 
 def test_a_commit_timeout_is_retried_in_place_with_the_seeds_waits(pause_run: PauseRun) -> None:
+    """In place, from outside (issue #44): from the short pause until the long one, the
+    worker's consumer revoked and lost nothing (its rebalance callbacks), delivered no record
+    again (the ledger), and a commit past 100 was read back from the broker. Then the waits
+    the worker scheduled (its own list) are a prefix of seed 001's."""
+    r = pause_run
+    problems = in_place_problems(r.ledger, r.topic, r.short_at, r.long_at, 100,
+                                 r.committed_after_short)
+    assert not problems, problems
     assert pause_run.waits_short, "no commit attempt timed out during the short pause"
     assert tuple(pause_run.waits_short) == COMMIT_RETRY_WAITS[:len(pause_run.waits_short)]
+
+
+def test_canary_a_pause_past_the_session_is_not_ridden_out_in_place(pause_run: PauseRun) -> None:
+    """The same judge on the long pause of the same run (longer than the session: the group
+    expels the member, whose place is not kept): it finds the loss and the records delivered
+    again, so it can fail."""
+    r = pause_run
+    problems = in_place_problems(r.ledger, r.topic, r.long_at, r.end_at, 200,
+                                 r.committed_at_end)
+    print(f"canary: the long pause judged as the short one: {problems}")
+    assert any(p.startswith(("revoke", "lost")) for p in problems), problems
+    assert any("delivered again" in p for p in problems), problems
 
 
 def test_dlq_outage_holds_the_commit_and_every_dead_letter_reads_back(
