@@ -6,6 +6,12 @@ SIGKILLed while the runs sleep and one SIGKILLed right after a signal was sent.
 reject; a run whose decision never comes times out and is compensated (withdraw). Counts come
 from the example's append-only log (no unique key: a step run twice shows twice), read back
 from the store; times from the same log.
+
+"Never early" has teeth only where a worker is alive while the runs sleep (a dead pool wakes
+nothing early, whatever the timer says): one worker is SIGKILLed while the runs sleep, the other
+lives through the sleep and is SIGKILLed only once a run was reviewed after its due time. The
+canary (``tests/apps/early_timer.py``: a timer due after a tenth of the time asked) is judged the
+same way and caught.
 """
 
 from __future__ import annotations
@@ -94,10 +100,13 @@ def test_sleep_signal_branch_under_kworkers_run_with_kills(
         for w in workers:
             w.start()
         _until(lambda: all(steps(r) == ["submit"] for r in runs), 90, "every run submitted")
-        for w in workers:  # killed while every run sleeps
-            w.kill()
+        workers[1].kill()  # killed while every run sleeps; workers[0] lives through the sleep
         assert all(state(r)[1] == "review" for r in runs)
-        time.sleep(COOL)
+        # a worker alive through the sleep, killed only after a run was reviewed (so after
+        # the due time): an early timer would have woken its runs early here
+        _until(lambda: any("review" in steps(r) for r in runs), 90 + COOL,
+               "a run reviewed by the live worker")
+        workers[0].kill()
         for w in workers:
             w.start()
         _until(lambda: all(state(r)[2] == "decision" for r in yes + no), 90,
@@ -130,6 +139,49 @@ def test_sleep_signal_branch_under_kworkers_run_with_kills(
                     ("DROP TABLE IF EXISTS ", f", {name}_log")), ())
 
 
+def woken_early(log: list[tuple[str, str, float]], runs: list[str]) -> list[str]:
+    """Runs whose review ran before their submit's time plus ``COOL`` (the example's log:
+    one row per step run, with the time it ran), or never ran: each run must have both."""
+    at = {(w, s): t for w, s, t in log}
+    out = []
+    for wid in runs:
+        if (wid, "submit") not in at or (wid, "review") not in at:
+            out.append(f"{wid}: submit or review never ran")
+        elif at[(wid, "review")] < at[(wid, "submit")] + COOL:
+            out.append(f"{wid}: reviewed {at[(wid, 'review')] - at[(wid, 'submit')]:.2f}s "
+                       f"after submit, the timer says {COOL}s")
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_canary_an_early_timer_is_caught_by_a_live_worker(
+        kafka_broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run, one worker alive through the sleep, the timer broken (a tenth of the time):
+    the same judge finds the run reviewed early."""
+    name = f"ap_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KWORKERS_STORE_URL", _store_url("sqlite", tmp_path))
+    monkeypatch.setenv("APPROVAL_NAME", name)
+    from examples.approval import app
+
+    engine = app.engine()
+    bs = kafka_broker.bootstrap_servers
+    engine.create_topics(engine.worker(group_id=name, bootstrap_servers=bs), partitions=3)
+    wid = f"{name}-early"
+    engine.start("approval", wid, {"cooling_s": COOL, "timeout_s": 600.0})
+    w = WorkerProcess(["-m", "tests.apps.early_timer", "run", f"{APP}:worker", "-b", bs],
+                      tmp_path, "early", cwd=ROOT)
+    try:
+        w.start()
+        _until(lambda: any(s == "review" for _, s, _ in app.log_of(engine.store, name)), 90,
+               "the run reviewed")
+    finally:
+        w.terminate(timeout=30)
+        w.close()
+    early = woken_early(app.log_of(engine.store, name), [wid])
+    print(f"canary: {early}")
+    assert len(early) == 1 and "after submit, the timer says" in early[0], early
+
+
 def _check(runs: dict[str, float], yes: list[str], no: list[str],
            steps: Callable[[str], list[str]], log: Callable[[], list[tuple[str, str, float]]],
            engine: Any, name: str) -> None:
@@ -137,10 +189,8 @@ def _check(runs: dict[str, float], yes: list[str], no: list[str],
         assert steps(r) == (["submit", "review", "decide", "publish"] if r in yes else
                             ["submit", "review", "decide", "reject"] if r in no else
                             ["submit", "review", "withdraw"]), log()
-    at = {(w, s): t for w, s, t in log()}
-    for run in runs:  # the timer never fired early (wall times from the log)
-        wid = f"{name}-{run}"
-        assert at[(wid, "review")] >= at[(wid, "submit")] + COOL, log()
+    early = woken_early(log(), [f"{name}-{r}" for r in runs])
+    assert not early, early  # the timer never fired early (wall times from the log)
     for run in yes + no:  # one signal each, taken by the step that waited for it
         assert [(n, c) for n, _, c in engine.tables.signals(f"{name}-{run}")] == [
             ("decision", "decide")]
