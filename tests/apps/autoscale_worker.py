@@ -7,7 +7,8 @@ metrics port from ``--metrics-port``; the scenario's own settings from the envir
 - ``KW_AS_LEDGER``: the append-only ledger (kworkers.testing.ledger) every effect goes to;
 - ``KW_AS_SLOW_MS``: each handler's time (a backlog that takes a while to drain);
 - ``KW_AS_FAIL_FIRST``: ``1``: every record's first attempt fails (RetryableError), so it
-  waits in the retry tier ``KW_AS_RETRY_S`` seconds (one tier of that delay) before it runs.
+  waits in the retry tier ``KW_AS_RETRY_S`` seconds (one tier of that delay, no jitter: every
+  record due exactly that long after its failure) before it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import time
 
 from kworkers import Message, RetryableError, RetryPolicy, TierLadder, Worker
+from kworkers.retry_tiers.policy import no_jitter
 from kworkers.testing.ledger import Ledger
 
 
@@ -27,7 +29,7 @@ def worker() -> Worker:
     w = Worker(topics=["placeholder"], group_id="placeholder", concurrency=4,
                retry=RetryPolicy(initial=retry_s, backoff=1.0, max_interval=retry_s,
                                  max_attempts=3),
-               tiers=TierLadder((retry_s,)), jitter_seed=1)
+               tiers=TierLadder((retry_s,)), jitter=no_jitter)
 
     @w.handler
     def handle(msg: Message) -> None:

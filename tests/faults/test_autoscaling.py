@@ -1,0 +1,383 @@
+"""A pool scaled by KEDA's algorithm on a real broker, with real ``kworkers run`` replicas (#47
+item 4).
+
+The loop (``kworkers.testing.scaling_loop``: KEDA's poll and the HPA's sync as documented) reads
+what KEDA would read: the rendered ScaledObject's Kafka triggers from KEDA's own Kafka scaler
+(``kworkers.testing.keda_probe``, one scaler per trigger kept across polls), its Prometheus
+trigger from a real Prometheus scraping the replicas' metrics ports and evaluating the rendered
+query. Its answer starts ``kworkers run`` processes or SIGTERMs the newest, as a Deployment's
+pods. Everything is counted from the broker (committed offsets, end offsets) and an
+append-only ledger, never from the worker's counters.
+
+Speed: every interval divided by ``SPEEDUP`` = 30 (KEDA's pollingInterval 30 s -> 1 s, the
+HPA's 15 s sync -> 0.5 s, cooldownPeriod and the scale-down window 300 s -> 10 s, the policies'
+periods 15/60 s -> 0.5/2 s, Prometheus scraping every second); the retry tier's delay is 15 s
+(7.5 minutes at full scale).
+
+Each scenario keeps its canary beside it, driven by the same loop on the same moments: a
+shadow loop (its replicas counted, not started) reading the ScaledObject kworkers rendered
+before #47 (raw lag on the source topic and on every retry tier, lagThreshold 100, tiers with
+``excludePersistentLag``) from KEDA's scaler on the same broker, or the same ScaledObject
+without its drainable-lag trigger; each canary must fail the scenario's check.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from kworkers import TierLadder, WorkerConfig
+from kworkers.deploy import manifests
+from kworkers.retry_tiers.headers import due_at_of
+from kworkers.testing import Broker
+from kworkers.testing.broker import free_port
+from kworkers.testing.keda_probe import KedaScaler, kafka_triggers, probe_path
+from kworkers.testing.ledger import Ledger
+from kworkers.testing.processes import WorkerProcess
+from kworkers.testing.prometheus import PrometheusServer, prometheus_binary
+from kworkers.testing.scaling_loop import Figure, LoopSpec, ScalingLoop
+from kworkers.testing.workload import full_size, make_topic, produce, read_all, unique
+from tests.faults.support import health
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEEDUP = 30.0
+PARTITIONS = 4
+RETRY_S = 15.0
+#: bounds a hung scenario only; never a pass criterion
+HANG_S = 240.0
+
+
+def topics(bs: str, prefix: str) -> str:
+    """The source topic and its retry tier, made before the pool exists (as ``kworkers topics
+    create --tiers`` does: KEDA's scaler reports an error on a topic that does not exist)."""
+    topic = make_topic(bs, unique(prefix), PARTITIONS)
+    make_topic(bs, f"{topic}.retry.{int(RETRY_S)}s", PARTITIONS)
+    return topic
+
+
+def render(bs: str, topic: str, group: str, prometheus: str | None) -> dict[str, Any]:
+    cfg = WorkerConfig(topics=(topic,), group_id=group, bootstrap_servers=bs,
+                       tiers=TierLadder((RETRY_S,)))
+    objs = manifests(cfg, image="kworkers/worker:test", app="scaled", module="m:worker",
+                     partitions=PARTITIONS, prometheus=prometheus, allow_loopback=True)
+    return objs["keda/scaledobject.yaml"]
+
+
+def before_47(so_without_prometheus: Mapping[str, Any]) -> dict[str, Any]:
+    """The ScaledObject rendered before #47: raw lag everywhere, lagThreshold 100, the tiers
+    with excludePersistentLag (git show 945b9fb^:deploy/keda/scaledobject.yaml)."""
+    so = copy.deepcopy(dict(so_without_prometheus))
+    for trig in so["spec"]["triggers"]:
+        trig["metadata"]["lagThreshold"] = "100"
+        if trig["metadata"]["consumerGroup"].endswith(".retry"):
+            trig["metadata"]["excludePersistentLag"] = "true"
+    so["spec"].pop("advanced", None)
+    return so
+
+
+def without_drainable(so: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(so))
+    out["spec"]["triggers"] = [t for t in out["spec"]["triggers"] if t["type"] == "kafka"]
+    return out
+
+
+class Reader:
+    """Every trigger of one ScaledObject read as KEDA would: Kafka from KEDA's scaler,
+    Prometheus from the server."""
+
+    def __init__(self, so: Mapping[str, Any], bs: str, prom: PrometheusServer) -> None:
+        self.keda = KedaScaler(kafka_triggers(so, bs), probe_path())
+        self.prom = prom
+        self.queries = [(t["name"], t["metadata"]["query"], float(t["metadata"]["threshold"]),
+                         float(t["metadata"].get("activationThreshold", "0")))
+                        for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
+
+    def __call__(self) -> list[Figure]:
+        out = [Figure(r.name, r.value, r.target, r.active) for r in self.keda.poll().values()]
+        for name, q, target, activation in self.queries:
+            v = self.prom.query(q)
+            out.append(Figure(name, v, target, v > activation))
+        return out
+
+    def close(self) -> None:
+        self.keda.close()
+
+
+class Replicas:
+    """The Deployment: ``kworkers run`` processes, the newest SIGTERMed first on scale-in
+    (a pod's grace period: waited for at the end, every exit code 0)."""
+
+    def __init__(self, tmp: Path, bs: str, topic: str, group: str,
+                 prom: PrometheusServer) -> None:
+        self.tmp, self.bs, self.topic, self.group, self.prom = tmp, bs, topic, group, prom
+        self.live: list[tuple[WorkerProcess, int]] = []
+        self.gone: list[WorkerProcess] = []
+        self.started = 0
+
+    def scale_to(self, n: int) -> None:
+        changed = False
+        while len(self.live) < n:
+            port = free_port()
+            self.started += 1
+            w = WorkerProcess(
+                ["-m", "kworkers.cli", "run", "tests.apps.autoscale_worker:worker",
+                 "-b", self.bs, "--topic", self.topic, "--group", self.group,
+                 "--metrics-port", str(port), "--log-level", "WARNING"],
+                self.tmp, f"replica-{self.started}", cwd=str(ROOT)).start()
+            self.live.append((w, port))
+            changed = True
+        while len(self.live) > n:
+            w, _ = self.live.pop()
+            assert w.proc is not None
+            w.proc.send_signal(signal.SIGTERM)
+            self.gone.append(w)
+            changed = True
+        if changed:
+            self.prom.set_targets(p for _, p in self.live)
+
+    def ready(self) -> bool:
+        return bool(self.live) and all(health(p) == 200 for _, p in self.live)
+
+    def close(self) -> list[tuple[str, int | None]]:
+        """Stops every replica (SIGTERM) and returns each one's exit code."""
+        self.scale_to(0)
+        codes: list[tuple[str, int | None]] = []
+        for w in self.gone:
+            assert w.proc is not None
+            try:
+                codes.append((w.log_path.name, w.proc.wait(90)))
+            except subprocess.TimeoutExpired:  # a hung replica: reported as None
+                w.close()
+                codes.append((w.log_path.name, None))
+        return codes
+
+
+@dataclasses.dataclass
+class Shadow:
+    """A canary: the same loop on another ScaledObject, its replicas counted, not started."""
+
+    name: str
+    loop: ScalingLoop
+    read: Reader
+
+
+@dataclasses.dataclass
+class Run:
+    loop: ScalingLoop
+    shadows: dict[str, Shadow]
+    #: (time, replicas) after every step, the real loop's
+    trace: list[tuple[float, int]]
+    exit_codes: list[tuple[str, int | None]]
+
+
+def drive(so: Mapping[str, Any], canaries: Mapping[str, Mapping[str, Any]], bs: str,
+          prom: PrometheusServer, replicas: Replicas,
+          until: Callable[[float, ScalingLoop], bool],
+          on_step: Callable[[float, ScalingLoop], None] | None = None) -> Run:
+    """Runs the loop (and its canaries' shadows) every 0.1 s until ``until(now, loop)``."""
+    loop = ScalingLoop(LoopSpec.from_scaledobject(so, SPEEDUP))
+    read = Reader(so, bs, prom)
+    shadows = {name: Shadow(name, ScalingLoop(LoopSpec.from_scaledobject(c, SPEEDUP)),
+                            Reader(c, bs, prom)) for name, c in canaries.items()}
+    trace: list[tuple[float, int]] = []
+    t0 = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic() - t0
+            replicas.scale_to(loop.advance(now, read))
+            for s in shadows.values():
+                s.loop.advance(now, s.read)
+            trace.append((now, loop.replicas))
+            if on_step is not None:
+                on_step(now, loop)
+            if until(now, loop):
+                break
+            assert now < HANG_S, f"the scenario hung: {loop.events}"
+            time.sleep(0.1)
+    finally:
+        read.close()
+        for s in shadows.values():
+            s.read.close()
+        codes = replicas.close()
+    return Run(loop, shadows, trace, codes)
+
+
+def committed_and_ends(bs: str, group: str, topic: str) -> tuple[int, int]:
+    c = Consumer({"bootstrap.servers": bs, "group.id": group, "log_level": 3})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        committed = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=30))
+        ends = sum(c.get_watermark_offsets(tp, timeout=30)[1] for tp in tps)
+        return committed, ends
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def prom(tmp_path: Path) -> Iterator[PrometheusServer]:
+    prometheus_binary()
+    probe_path()
+    with PrometheusServer(tmp_path / "prometheus", scrape_interval=30 / SPEEDUP) as p:
+        yield p
+
+
+def _env(monkeypatch: pytest.MonkeyPatch, ledger: Path, **kw: str) -> None:
+    monkeypatch.setenv("KW_AS_LEDGER", str(ledger))
+    monkeypatch.setenv("KW_AS_RETRY_S", f"{RETRY_S:g}")
+    for k, v in kw.items():
+        monkeypatch.setenv(k, v)
+
+
+def backlog_problems(loop: ScalingLoop, n: int, applied: Mapping[str, int],
+                     committed: int, ends: int) -> list[str]:
+    out = []
+    if loop.peak <= 1:
+        out.append(f"never scaled out past {loop.peak} replica(s) with a backlog of {n}")
+    if loop.peak > PARTITIONS:
+        out.append(f"scaled to {loop.peak} replicas, more than the {PARTITIONS} partitions")
+    lost = [str(i) for i in range(n) if str(i) not in applied]
+    twice = {k: c for k, c in applied.items() if c > 1}
+    if lost or twice:
+        out.append(f"{len(lost)} records lost, {len(twice)} run twice")
+    if committed != ends:
+        out.append(f"committed {committed} of {ends}")
+    if loop.replicas != 0:
+        out.append(f"ended at {loop.replicas} replicas, not 0")
+    return out
+
+
+def test_a_backlog_scales_out_drains_once_and_returns_to_zero(
+        kafka_broker: Broker, prom: PrometheusServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bs = kafka_broker.bootstrap_servers
+    topic, group = topics(bs, "scale"), unique("g")
+    n = full_size(4000, 800)
+    ledger_path = tmp_path / "ledger.db"
+    _env(monkeypatch, ledger_path, KW_AS_SLOW_MS="100")
+    so = render(bs, topic, group, prom.url)
+    produce(bs, topic, ((f"k{i}".encode(), str(i).encode()) for i in range(n)))
+    replicas = Replicas(tmp_path, bs, topic, group, prom)
+    drained: list[float] = []
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        if not drained and now > 1 and int(now * 10) % 5 == 0:
+            committed, ends = committed_and_ends(bs, group, topic)
+            if committed == ends:
+                drained.append(now)
+        return bool(drained) and loop.replicas == 0
+
+    run = drive(so, {"no drainable trigger": without_drainable(so)}, bs, prom, replicas, until)
+    committed, ends = committed_and_ends(bs, group, topic)
+    applied = Ledger(ledger_path).applications()
+    events = [(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]
+    print(f"backlog {n}: events {events}; drained at {drained[0]:.1f} s; "
+          f"replicas started {replicas.started}")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert backlog_problems(run.loop, n, applied, committed, ends) == []
+    # the loop went to zero only after the cooldown: KEDA's last active poll + cooldownPeriod
+    last = run.loop.events[-1]
+    assert last.after == 0 and last.by == "keda"
+    assert run.loop.last_active is not None
+    assert last.at - run.loop.last_active >= run.loop.spec.cooldown
+    canary = run.shadows["no drainable trigger"].loop
+    problems = backlog_problems(canary, n, applied, committed, ends)
+    print(f"canary (no drainable trigger): {problems}")
+    assert any("never scaled out" in p for p in problems)
+
+
+def test_retries_waiting_in_a_tier_keep_one_replica_never_more_never_zero(
+        kafka_broker: Broker, prom: PrometheusServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record's first attempt fails: it waits RETRY_S in the tier. From the moment the
+    source topic is drained (read from the broker) until the first record comes due (its
+    kw-due-at, read from the tier topic), the pool holds exactly one replica; it never goes to
+    zero before the ledger holds every record; after, it returns to zero. Canary: the
+    ScaledObject before #47 (raw tier lag, excludePersistentLag) asks for more than one."""
+    bs = kafka_broker.bootstrap_servers
+    topic, group = topics(bs, "wait"), unique("g")
+    n = full_size(2000, 400)
+    ledger_path = tmp_path / "ledger.db"
+    _env(monkeypatch, ledger_path, KW_AS_FAIL_FIRST="1")
+    so = render(bs, topic, group, prom.url)
+    canary_so = before_47(render(bs, topic, group, None))
+    tier = f"{topic}.retry.{int(RETRY_S)}s"
+    replicas = Replicas(tmp_path, bs, topic, group, prom)
+    ledger = Ledger(ledger_path)
+    state: dict[str, Any] = {"produced": False, "drained": None, "first_due": None,
+                             "complete": None}
+    produce(bs, topic, [(b"k0", b"0")])  # wakes the pool: one replica
+
+    def on_step(now: float, loop: ScalingLoop) -> None:
+        if not state["produced"] and replicas.ready():
+            # the rest only once a replica runs: each fails at once, so the source topic's
+            # drainable lag stays near 0 and only the tier's waiting records remain
+            produce(bs, topic, ((f"k{i}".encode(), str(i).encode()) for i in range(1, n)))
+            state["produced"] = True
+        if state["produced"] and state["drained"] is None and int(now * 10) % 5 == 0:
+            committed, ends = committed_and_ends(bs, group, topic)
+            tier_records = read_all(bs, tier, 2) if committed == ends else []
+            if committed == ends and len(tier_records) >= n:
+                state["drained"] = now
+                dues = [due_at_of(tuple(h.items())) for _, _, h in tier_records]
+                # wall-clock due times, mapped onto the loop's clock
+                state["first_due"] = now + min(d for d in dues if d is not None) - time.time()
+        if state["drained"] is not None and state["complete"] is None \
+                and int(now * 10) % 5 == 0 and len(ledger.applications()) >= n:
+            state["complete"] = now
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        return state["complete"] is not None and loop.replicas == 0
+
+    run = drive(so, {"before #47": canary_so}, bs, prom, replicas, until, on_step)
+    applied = ledger.applications()
+    print(f"waiting retries {n}: events "
+          f"{[(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]}; "
+          f"drained {state['drained']:.1f}, first due {state['first_due']:.1f}, "
+          f"complete {state['complete']:.1f}")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert sorted(applied, key=int) == [str(i) for i in range(n)]
+    assert set(applied.values()) == {1}
+
+    def waiting_problems(events: Sequence[Any], trace: Sequence[tuple[float, int]]) -> list[str]:
+        lo, hi = state["drained"], state["first_due"]
+        out = [f"{r} replicas at {t:.1f} s while the retries waited" for t, r in trace
+               if lo <= t < hi and r != 1]
+        out += [f"{r} replicas at {t:.1f} s before every retry ran" for t, r in trace
+                if state["drained"] <= t < state["complete"] and r == 0]
+        return out
+
+    assert state["first_due"] > state["drained"], state
+    assert waiting_problems(run.loop.events, run.trace) == []
+    assert run.loop.replicas == 0
+    shadow = run.shadows["before #47"].loop
+    shadow_trace = _replay(shadow)
+    problems = waiting_problems(shadow.events, shadow_trace)
+    print(f"canary (before #47): {problems[:3]} ({len(problems)} in all)")
+    assert problems
+
+
+def _replay(loop: ScalingLoop) -> list[tuple[float, int]]:
+    """A shadow loop's replica count at each of its readings (from its events)."""
+    out, n = [], 0
+    events = list(loop.events)
+    for t, _ in loop.readings:
+        while events and events[0].at <= t:
+            n = events.pop(0).after
+        out.append((t, n))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-x", "-s"]))
