@@ -8,7 +8,11 @@ metrics port from ``--metrics-port``; the scenario's own settings from the envir
 - ``KW_AS_SLOW_MS``: each handler's time (a backlog that takes a while to drain);
 - ``KW_AS_FAIL_FIRST``: ``1``: every record's first attempt fails (RetryableError), so it
   waits in the retry tier ``KW_AS_RETRY_S`` seconds (one tier of that delay, no jitter: every
-  record due exactly that long after its failure) before it runs.
+  record due exactly that long after its failure) before it runs;
+- ``KW_AS_DOWN``: a path; while it exists the downstream is down: every attempt is a delivery
+  in the ledger (not an effect) and fails with RetryableError;
+- ``KW_AS_BREAKER``: ``1``: a breaker that opens after 5 attempts at half failures (a probe
+  every 2 s, at most 4 s apart).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import time
 
 from kworkers import Message, RetryableError, RetryPolicy, TierLadder, Worker
+from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.retry_tiers.policy import no_jitter
 from kworkers.testing.ledger import Ledger
 
@@ -26,18 +31,24 @@ def worker() -> Worker:
     slow = float(os.environ.get("KW_AS_SLOW_MS", "0")) / 1000
     fail_first = os.environ.get("KW_AS_FAIL_FIRST") == "1"
     retry_s = float(os.environ.get("KW_AS_RETRY_S", "5"))
+    down = os.environ.get("KW_AS_DOWN")
+    breaker = (BreakerPolicy(min_attempts=5, window_s=10, cooldown_s=2.0, max_cooldown_s=4.0)
+               if os.environ.get("KW_AS_BREAKER") == "1" else None)
     w = Worker(topics=["placeholder"], group_id="placeholder", concurrency=4,
                retry=RetryPolicy(initial=retry_s, backoff=1.0, max_interval=retry_s,
                                  max_attempts=3),
-               tiers=TierLadder((retry_s,)), jitter=no_jitter)
+               tiers=TierLadder((retry_s,)), jitter=no_jitter, breaker=breaker)
 
     @w.handler
     def handle(msg: Message) -> None:
+        assert msg.value is not None
+        if down is not None and os.path.exists(down):
+            ledger.delivered(msg.value.decode(), msg)
+            raise RetryableError("the downstream is down")
         if fail_first and msg.attempt == 1:
             raise RetryableError("the first attempt fails: the record waits in the tier")
         if slow:
             time.sleep(slow)
-        assert msg.value is not None
         ledger.apply(msg.value.decode(), msg)
 
     return w

@@ -368,6 +368,69 @@ def test_retries_waiting_in_a_tier_keep_one_replica_never_more_never_zero(
     assert problems
 
 
+def test_an_open_breaker_with_the_downstream_down_does_not_grow_the_pool(
+        kafka_broker: Broker, prom: PrometheusServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The downstream is down: the first records fail and open the breaker (seen in the
+    ledger's deliveries); then a backlog arrives and waits, held by the breaker, for
+    ``DOWN_S`` = 10 s (5 minutes at full scale). All that time the pool keeps exactly one
+    replica (the backlog is lag, not drainable lag). The downstream comes back: the backlog
+    drains (now drainable, it may scale out), every record applied once, back to zero.
+    Canary: the ScaledObject before #47 (raw lag) asks for 4 while the downstream is down."""
+    down_s = 10.0
+    bs = kafka_broker.bootstrap_servers
+    topic, group = topics(bs, "down"), unique("g")
+    n = full_size(2000, 400)
+    ledger_path, down = tmp_path / "ledger.db", tmp_path / "down"
+    down.touch()
+    _env(monkeypatch, ledger_path, KW_AS_DOWN=str(down), KW_AS_BREAKER="1",
+         KW_AS_SLOW_MS="20")
+    so = render(bs, topic, group, prom.url)
+    canary_so = before_47(render(bs, topic, group, None))
+    replicas = Replicas(tmp_path, bs, topic, group, prom)
+    ledger = Ledger(ledger_path)
+    first = 10
+    produce(bs, topic, ((f"k{i}".encode(), str(i).encode()) for i in range(first)))
+    state: dict[str, Any] = {"open": None, "up": None, "complete": None}
+
+    def on_step(now: float, loop: ScalingLoop) -> None:
+        tick = int(now * 10) % 5 == 0
+        if state["open"] is None and tick and len(ledger.deliveries()) >= 5:
+            produce(bs, topic, ((f"k{i}".encode(), str(i).encode()) for i in range(first, n)))
+            state["open"] = now
+        if state["open"] is not None and state["up"] is None and now >= state["open"] + down_s:
+            down.unlink()
+            state["up"] = now
+        if state["up"] is not None and state["complete"] is None and tick \
+                and len(ledger.applications()) >= n:
+            state["complete"] = now
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        return state["complete"] is not None and loop.replicas == 0
+
+    run = drive(so, {"before #47": canary_so}, bs, prom, replicas, until, on_step)
+    applied = ledger.applications()
+    print(f"breaker open, backlog {n}: events "
+          f"{[(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]}; "
+          f"open {state['open']:.1f}, up {state['up']:.1f}, complete {state['complete']:.1f}; "
+          f"{len(ledger.deliveries())} failed attempts")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert sorted(applied, key=int) == [str(i) for i in range(n)]
+    assert set(applied.values()) == {1}
+    committed, ends = committed_and_ends(bs, group, topic)
+    assert committed == ends
+
+    def down_problems(trace: Sequence[tuple[float, int]]) -> list[str]:
+        return [f"{r} replicas at {t:.1f} s with the downstream down" for t, r in trace
+                if state["open"] <= t < state["up"] and r != 1]
+
+    assert down_problems(run.trace) == []
+    assert run.loop.replicas == 0
+    problems = down_problems(_replay(run.shadows["before #47"].loop))
+    print(f"canary (before #47): {problems[:3]} ({len(problems)} in all)")
+    assert problems
+
+
 def _replay(loop: ScalingLoop) -> list[tuple[float, int]]:
     """A shadow loop's replica count at each of its readings (from its events)."""
     out, n = [], 0
