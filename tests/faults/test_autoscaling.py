@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import signal
 import subprocess
 import sys
@@ -429,6 +430,76 @@ def test_an_open_breaker_with_the_downstream_down_does_not_grow_the_pool(
     problems = down_problems(_replay(run.shadows["before #47"].loop))
     print(f"canary (before #47): {problems[:3]} ({len(problems)} in all)")
     assert problems
+
+
+def reversals(trace: Sequence[tuple[float, int]], start: float, end: float) -> int:
+    """Direction changes of the replica count within [start, end]: a scale-down followed by
+    a scale-up or the other way round (a flap)."""
+    steps = [b - a for (t, a), (_, b) in itertools.pairwise(trace)
+             if start <= t <= end and b != a]
+    return sum(1 for x, y in itertools.pairwise(steps) if (x > 0) != (y > 0))
+
+
+def unstabilized(so: Mapping[str, Any]) -> dict[str, Any]:
+    """The same ScaledObject with no scale-down stabilization (the flap check's canary)."""
+    out = copy.deepcopy(dict(so))
+    out["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"] = {
+        "stabilizationWindowSeconds": 0,
+        "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}
+    return out
+
+
+def test_steady_load_does_not_flap(kafka_broker: Broker, prom: PrometheusServer,
+                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records arrive at a steady 100/s, more than one replica runs (4 handlers of 50 ms: at
+    most 80/s), for 30 s (15 minutes at full scale; 120 s with KWORKERS_FULL). While the load
+    lasts the replica count never reverses direction (no scale-down followed by a scale-up,
+    or the reverse); every record is applied once; back to zero after. Canary: the same loop
+    without scale-down stabilization, on the same figures, reverses."""
+    import threading
+
+    from kworkers.testing.workload import produce_steady
+
+    load_s, rate = float(full_size(120, 30)), 100.0
+    bs = kafka_broker.bootstrap_servers
+    topic, group = topics(bs, "steady"), unique("g")
+    n = int(load_s * rate)
+    ledger_path = tmp_path / "ledger.db"
+    _env(monkeypatch, ledger_path, KW_AS_SLOW_MS="50")
+    so = render(bs, topic, group, prom.url)
+    replicas = Replicas(tmp_path, bs, topic, group, prom)
+    ledger = Ledger(ledger_path)
+    producer = threading.Thread(target=produce_steady, args=(bs, topic, n, rate), daemon=True)
+    state: dict[str, Any] = {"started": None, "ended": None, "complete": None}
+
+    def on_step(now: float, loop: ScalingLoop) -> None:
+        if state["started"] is None:
+            producer.start()
+            state["started"] = now
+        if state["ended"] is None and not producer.is_alive():
+            state["ended"] = now
+        if state["ended"] is not None and state["complete"] is None \
+                and int(now * 10) % 5 == 0 and len(ledger.applications()) >= n:
+            state["complete"] = now
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        return state["complete"] is not None and loop.replicas == 0
+
+    run = drive(so, {"unstabilized": unstabilized(so)}, bs, prom, replicas, until, on_step)
+    applied = ledger.applications()
+    settled, ended = state["started"], state["ended"]
+    print(f"steady {rate:g}/s for {load_s:g} s: events "
+          f"{[(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]}; "
+          f"load ended {ended:.1f}, complete {state['complete']:.1f}")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert len(applied) == n and set(applied.values()) == {1}
+    assert run.loop.peak > 1  # the load needs more than one replica: it did scale
+    assert reversals(run.trace, settled, ended) == 0
+    assert run.loop.replicas == 0
+    canary = reversals(_replay(run.shadows["unstabilized"].loop), settled, ended)
+    print(f"canary (no scale-down stabilization): {canary} reversals; events "
+          f"{[(round(e.at, 1), e.after) for e in run.shadows['unstabilized'].loop.events]}")
+    assert canary > 0
 
 
 def _replay(loop: ScalingLoop) -> list[tuple[float, int]]:
