@@ -25,7 +25,9 @@ thread afterwards), so a kill in between loses it; ``--canary no-last-delivery``
 last-delivery rule, so a crash-looping record is archived by the broker instead of reaching
 the DLQ; ``--canary no-receiver`` applies the effect as a plain append, not through the
 store's transaction, so a redelivery applies it twice; ``--canary dead-letter-all``
-dead-letters every record (after its kill points), so nothing is left to effect.
+dead-letters every record (after its kill points), so nothing is left to effect; ``--canary
+no-ack`` never sends an acknowledgement (each record's effect applied, the broker never told),
+which only the group's state read back from the broker shows.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--flaky-every", type=int, default=0)
     ap.add_argument("--poison-every", type=int, default=0)
     ap.add_argument("--canary", choices=["accept-early", "no-last-delivery", "no-receiver",
-                                         "dead-letter-all"])
+                                         "dead-letter-all", "no-ack"])
     ap.add_argument("--metrics", action="store_true",
                     help="serve /metrics on a free loopback port, printed as 'metrics port N'")
     return ap.parse_args(argv)
@@ -98,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     txn: TransactionalStore[Any] = store
     ledger = Ledger.on_store(store)
     counts = Ledger(args.dc_ledger, table="share_dc") if args.dc_ledger else None
+    if args.canary == "no-ack":
+        from kworkers.kafka.share_consumer import ShareConsumerAdapter
+
+        ShareConsumerAdapter.acknowledge = lambda self, key, kind: None  # type: ignore[method-assign]
     if args.canary == "no-last-delivery":
         from kworkers.share.rules import ShareRules
 

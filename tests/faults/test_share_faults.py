@@ -18,7 +18,13 @@ What must hold (``_judge``):
   there, each dead letter read back as ``DeliveryLimitReached``;
 - a record that kills every worker goes to the DLQ before its deliveries run out
   (``share.delivery.count.limit``; the last two are kept for the dead letter) instead of being
-  archived by the broker.
+  archived by the broker;
+- read back from the broker (``tests/faults/share_state.py``: Kafka's own Admin client, as
+  confluent-kafka has no share-group admin API): each fault's floors are the group's start
+  offsets just before it (every record below one acknowledged or archived), so a redelivery of
+  a record below a floor read before it is ``unexplained``/``rerun_committed``; each kill is
+  recorded with its victim; and once the run is over every partition's start offset is the
+  log's end: every record acknowledged (``not_acknowledged``; canary ``no-ack``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -36,9 +43,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
+from kworkers import Message
 from kworkers.idempotency import SqliteStore
 from kworkers.testing import Broker
-from kworkers.testing.checker import Fault, FaultLog, Log, check, read_log
+from kworkers.testing.checker import Fault, FaultLog, Log, LogRecord, check, read_log
 from kworkers.testing.ledger import Delivery, Ledger
 from kworkers.testing.processes import WorkerProcess
 from kworkers.testing.workload import (
@@ -48,6 +56,7 @@ from kworkers.testing.workload import (
     produce_steady,
     unique,
 )
+from tests.faults.share_state import not_acknowledged, start_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -135,6 +144,16 @@ def _judge(ledger: Ledger, counts: Ledger, log: Log, dlq: dict[str, bytes],
     applied = ledger.applications()
     everywhere = ledger.deliveries()  # the source topic and its retry tiers
     deliveries = [d for d in everywhere if d.topic == log.topic]
+    # each kill was recorded with its victim (just before the SIGKILL, and before its floors
+    # were read): the pool must have seen that process dead. ``check`` gets the faults without
+    # their victims: a share group's start offset is no commit floor above which nothing is
+    # acknowledged (a victim's records acknowledged above it are not delivered again), so the
+    # victims' unfinished work is judged below from the effects, with the time each was seen
+    # dead (``_not_delivered_again``)
+    dead = {pid for pid, _at in victims}
+    wrong += [f"{f.what}: pid {f.victim_pid} never seen dead" for f in faults
+              if f.victim_pid is not None and f.victim_pid not in dead]
+    faults = [replace(f, victim_pid=None) for f in faults]
     faults = faults + [Fault(d.at, {}, f"{d.key} killed pid {d.pid}", None)
                        for d in deliveries if d.key in crash_keys]
     keys = {(r.value or b"").decode() for r in log}
@@ -203,6 +222,25 @@ def test_a_victims_record_may_come_back_through_a_tier_but_must_come_back() -> N
     assert _not_delivered_again(source, source, effect, {}, [(2, 12.0)]) != []
 
 
+def test_canary_without_floors_a_redelivery_of_an_acknowledged_record_is_explained(
+        tmp_path: Path) -> None:
+    """Why each fault carries the group's start offsets read back from the broker (no broker
+    here): record 5 delivered at t=1 and applied; a kill at t=2, the group's start offset read
+    back 10 (5 acknowledged); 5 delivered again at t=3. With the floors ``check`` finds it
+    unexplained and a rerun below a reading; with the floors the suite used to give
+    (``FaultLog(lambda: {})``) the same run passes."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    msg = Message("t", 0, 5, b"k", b"5", ())
+    ledger.delivered("5", msg, pid=1, at=1.0)
+    ledger.apply("5", msg, pid=1, at=1.0)
+    ledger.delivered("5", msg, pid=2, at=3.0)
+    log = Log("t", {0: [LogRecord(0, 5, b"k", b"5", ())]}, {0: (5, 6)})
+    blind = check(ledger, log=log, faults=[Fault(2.0, {}, "SIGKILL 1")])
+    assert blind.ok, blind.summary()  # the hole
+    seen = check(ledger, log=log, faults=[Fault(2.0, {0: 10}, "SIGKILL 1")])
+    assert seen.unexplained == [(0, 5)] and seen.rerun_committed == [(0, 5)], seen.summary()
+
+
 def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_once(
         fault_broker: Broker, tmp_path: Path) -> None:
     """Steady production until the end; full size: the record that kills its worker first,
@@ -232,7 +270,8 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
     pool = Pool(3, bs, topic, group, tmp_path, "--slow-ms", "3", "--markers", str(markers),
                 "--kill", f"{CERTAIN}@before-effect",
                 *(["--crash-key", CRASH] if crash else []))
-    faults = FaultLog(lambda: {})
+    # each fault's floors: the group's start offsets read back from the broker just before it
+    faults = FaultLog(lambda: start_offsets(bs, group, topic))
     broker_down: list[tuple[float, float]] = []
     stop_producing = threading.Event()
     sent: list[int] = []
@@ -256,7 +295,8 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
     def kill() -> None:
         progress(100, "progress before a kill")
         victim = rnd.choice(pool.workers)
-        faults.record(f"SIGKILL {victim.pid}")  # before: a release follows at once
+        faults.record(f"SIGKILL {victim.pid}", victim_pid=victim.pid)  # before: a release
+        # follows at once
         victim.kill()
         pool.tick()
         time.sleep(rnd.uniform(0.0, 1.0))
@@ -303,6 +343,19 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
             return f"({len(left)} neither effected nor dead-lettered: {sorted(left)[:20]})"
 
         pool.wait(settled, 150, "every record effected or dead-lettered", neither)
+        # and acknowledged, read back from the broker: a victim's records whose effect it had
+        # applied come back once their acquisition lock ends (30 s), and the receiver absorbs
+        # them; until then the broker counts them in the group's lag
+        ends = {p: (recs[-1].offset + 1 if recs else 0)
+                for p, recs in read_log(bs, topic).records.items()}
+        unacked: list[str] = []
+
+        def acknowledged() -> bool:
+            unacked[:] = not_acknowledged(bs, group, topic, ends)
+            return not unacked
+
+        pool.wait(acknowledged, 120, "every record acknowledged (the group's lag read back)",
+                  lambda: str(unacked))
         pool.stop()
         log = read_log(bs, topic)
         assert len(log) == total
@@ -310,10 +363,12 @@ def test_share_kill_loop_and_broker_restart_lose_nothing_and_apply_each_effect_o
         # the certain kill is a fault at its delivery (as the crash-looping record's are)
         wrong = _judge(ledger, counts, log, dlq, pool.victims, faults.faults,
                        crash | {CERTAIN}, broker_down)
+        wrong += _acknowledged(bs, group, log)
         limit_hit = sorted(k for k, why in dlq.items() if why == b"DeliveryLimitReached")
         print(f"records {total}, faults {len(faults.faults)}, deaths {len(pool.victims)}, "
               f"dead-lettered {len(dlq)}, at the delivery limit {len(limit_hit)} (handler "
-              f"runs: {sum(1 for e in counts.effects() if e.key in set(limit_hit))})")
+              f"runs: {sum(1 for e in counts.effects() if e.key in set(limit_hit))}); the "
+              f"faults' floors read back {[dict(f.floors) for f in faults.faults]}")
         assert not wrong, wrong[:10]
         assert marker.exists() and certain_redelivered()
         assert len(pool.victims) >= kills + (LIMIT - 2 if crash else 0)
@@ -336,10 +391,23 @@ CANARIES = {
     "no-receiver": (["--canary", "no-receiver", "--kill", "3@after-effect"], 5, "duplicates="),
     "dead-letter-all": (["--canary", "dead-letter-all", "--kill", "3@before-effect"], 5,
                         "dead letters not at the delivery limit"),
+    "no-ack": (["--canary", "no-ack"], 5, "canary-no-ack-"),
 }
 #: the unbroken app under the no-last-delivery canary's conditions: the check passes
 CONTROL = "last-delivery"
 RUNS = {**CANARIES, CONTROL: (["--crash-key", "3"], 2, "")}
+
+
+def _acknowledged(bs: str, group: str, log: Log, timeout: float = 30.0) -> list[str]:
+    """Every record acknowledged (or archived), read back from the broker: each partition's
+    start offset reaches the log's end (asked again, bounded, while the share coordinator
+    persists the last acknowledgements)."""
+    ends = {p: (recs[-1].offset + 1 if recs else 0) for p, recs in log.records.items()}
+    deadline = time.monotonic() + timeout
+    while (left := not_acknowledged(bs, group, log.topic, ends)) and \
+            time.monotonic() < deadline:
+        time.sleep(1.0)
+    return left
 
 
 def _canary(canary: str, bs: str, tmp: Path) -> tuple[list[str], dict[str, bytes]]:
@@ -365,11 +433,20 @@ def _canary(canary: str, bs: str, tmp: Path) -> tuple[list[str], dict[str, bytes
                 since[0] = time.monotonic()
             return time.monotonic() - since[0] > QUIET_S
 
+        if canary == "no-ack":
+            # the client refuses the next poll while a record is unacknowledged, so this
+            # worker dies and is restarted without end: never quiet. Judged once every record
+            # was applied (its work done, the broker never told), the workers SIGKILLed
+            pool.wait(lambda: len(ledger.applications()) >= 20, 120, f"{canary}: every effect")
+            pool.close()
+            log = read_log(bs, topic)
+            return _acknowledged(bs, group, log, timeout=0.0), _dlq(bs, topic)
         pool.wait(quiet, 120, f"{canary}: the run to settle")
         pool.stop()
         dlq = _dlq(bs, topic)
-        return _judge(ledger, counts, read_log(bs, topic), dlq, pool.victims, [], {"3"},
-                      limit=limit), dlq
+        log = read_log(bs, topic)
+        return _judge(ledger, counts, log, dlq, pool.victims, [], {"3"},
+                      limit=limit) + _acknowledged(bs, group, log), dlq
     finally:
         pool.close()
 
@@ -383,13 +460,16 @@ def test_canaries_are_caught(kafka_broker: Broker, tmp_path: Path) -> None:
     - no-receiver: a record killed after its effect is delivered again and, without the
       store's transaction, applied twice;
     - dead-letter-all: every record dead-lettered (its "failure"), which drops it from what
-      must be effected: the DLQ's bound by the delivery-limit rule catches it.
+      must be effected: the DLQ's bound by the delivery-limit rule catches it;
+    - no-ack: every effect applied, no acknowledgement ever sent (the client then refuses the
+      next poll, so the worker dies and is restarted until the test stops it): the group's
+      start offset read back from the broker stays short of the log's end (``_acknowledged``).
 
     Beside them runs the control: the unbroken app where no-last-delivery's record kills its
     worker (limit 2, the record's first delivery kills): the record is dead-lettered as
     ``DeliveryLimitReached`` on its last delivery, unrun, and the same judge finds nothing.
 
-    The five run side by side (each its own topic, group and process) to keep CI short.
+    The six run side by side (each its own topic, group and process) to keep CI short.
     """
     bs = kafka_broker.bootstrap_servers
     found: dict[str, tuple[list[str], dict[str, bytes]] | BaseException] = {}
