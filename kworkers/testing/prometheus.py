@@ -82,6 +82,13 @@ class PrometheusServer:
                        encoding="utf-8")
         os.replace(tmp, self.targets_path)
 
+    def series(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """Every series of an instant vector query, with its labels (for a test's diagnosis)."""
+        q = urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=10) as r:
+            body = json.loads(r.read())
+        return [(dict(x["metric"]), float(x["value"][1])) for x in body["data"]["result"]]
+
     def query(self, promql: str) -> float:
         """The query's value now: a one-element vector's (or a scalar's) value, 0.0 when empty;
         more than one element is an error (a trigger's query must give one number)."""

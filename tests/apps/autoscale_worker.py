@@ -11,6 +11,9 @@ metrics port from ``--metrics-port``; the scenario's own settings from the envir
   record due exactly that long after its failure) before it runs;
 - ``KW_AS_DOWN``: a path; while it exists the downstream is down: every attempt is a delivery
   in the ledger (not an effect) and fails with RetryableError;
+- ``KW_AS_LAG_INTERVAL_S``: how often the lag gauges are refreshed (5 s in kworkers; the
+  scenarios divide it like every other interval, or a gauge would hold a figure 150 s of
+  full-scale time);
 - ``KW_AS_BREAKER``: ``1``: a breaker that opens after 5 attempts at half failures (a probe
   every 2 s, at most 4 s apart).
 """
@@ -27,6 +30,10 @@ from kworkers.testing.ledger import Ledger
 
 
 def worker() -> Worker:
+    if "KW_AS_LAG_INTERVAL_S" in os.environ:
+        from kworkers.consumer import processor
+
+        processor.LAG_INTERVAL_S = float(os.environ["KW_AS_LAG_INTERVAL_S"])
     ledger = Ledger(os.environ["KW_AS_LEDGER"])
     slow = float(os.environ.get("KW_AS_SLOW_MS", "0")) / 1000
     fail_first = os.environ.get("KW_AS_FAIL_FIRST") == "1"

@@ -11,8 +11,11 @@ append-only ledger, never from the worker's counters.
 
 Speed: every interval divided by ``SPEEDUP`` = 30 (KEDA's pollingInterval 30 s -> 1 s, the
 HPA's 15 s sync -> 0.5 s, cooldownPeriod and the scale-down window 300 s -> 10 s, the policies'
-periods 15/60 s -> 0.5/2 s, Prometheus scraping every second); the retry tier's delay is 15 s
-(7.5 minutes at full scale).
+periods 15/60 s -> 0.5/2 s, Prometheus scraping every second, the workers' lag gauges
+refreshed every 1/6 s instead of 5 s); the retry tier's delay is 15 s (7.5 minutes at full
+scale). Records that must not look like a backlog arrive paced, 100 a second: a worker runs as
+fast as ever while every interval shrinks thirty-fold, so a burst that fails in half a second,
+which a 30 s scrape would almost never see, would be caught by a one-second scrape.
 
 Each scenario keeps its canary beside it, driven by the same loop on the same moments: a
 shadow loop (its replicas counted, not started) reading the ScaledObject kworkers rendered
@@ -29,6 +32,7 @@ import itertools
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +42,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kworkers import TierLadder, WorkerConfig
+from kworkers.consumer.processor import LAG_INTERVAL_S
 from kworkers.deploy import manifests
 from kworkers.retry_tiers.headers import due_at_of
 from kworkers.testing import Broker
@@ -104,12 +109,19 @@ class Reader:
         self.queries = [(t["name"], t["metadata"]["query"], float(t["metadata"]["threshold"]),
                          float(t["metadata"].get("activationThreshold", "0")))
                         for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
+        #: (time, the drainable series) whenever a Prometheus trigger read above 0: what
+        #: a scale-out was made of, printed by the scenarios
+        self.nonzero: list[tuple[float, list[tuple[dict[str, str], float]]]] = []
 
     def __call__(self) -> list[Figure]:
         out = [Figure(r.name, r.value, r.target, r.active) for r in self.keda.poll().values()]
         for name, q, target, activation in self.queries:
             v = self.prom.query(q)
             out.append(Figure(name, v, target, v > activation))
+            if v > 0 and len(self.nonzero) < 20:
+                self.nonzero.append((time.monotonic(), [
+                    ({k: x[k] for k in ("group", "topic", "partition", "instance") if k in x}, y)
+                    for x, y in self.prom.series("kworkers_drainable_lag > 0")]))
         return out
 
     def close(self) -> None:
@@ -177,6 +189,7 @@ class Shadow:
 @dataclasses.dataclass
 class Run:
     loop: ScalingLoop
+    read: Reader
     shadows: dict[str, Shadow]
     #: (time, replicas) after every step, the real loop's
     trace: list[tuple[float, int]]
@@ -212,7 +225,7 @@ def drive(so: Mapping[str, Any], canaries: Mapping[str, Mapping[str, Any]], bs: 
         for s in shadows.values():
             s.read.close()
         codes = replicas.close()
-    return Run(loop, shadows, trace, codes)
+    return Run(loop, read, shadows, trace, codes)
 
 
 def committed_and_ends(bs: str, group: str, topic: str) -> tuple[int, int]:
@@ -237,6 +250,7 @@ def prom(tmp_path: Path) -> Iterator[PrometheusServer]:
 def _env(monkeypatch: pytest.MonkeyPatch, ledger: Path, **kw: str) -> None:
     monkeypatch.setenv("KW_AS_LEDGER", str(ledger))
     monkeypatch.setenv("KW_AS_RETRY_S", f"{RETRY_S:g}")
+    monkeypatch.setenv("KW_AS_LAG_INTERVAL_S", f"{LAG_INTERVAL_S / SPEEDUP:g}")
     for k, v in kw.items():
         monkeypatch.setenv(k, v)
 
@@ -319,12 +333,13 @@ def test_retries_waiting_in_a_tier_keep_one_replica_never_more_never_zero(
     state: dict[str, Any] = {"produced": False, "drained": None, "first_due": None,
                              "complete": None}
     produce(bs, topic, [(b"k0", b"0")])  # wakes the pool: one replica
+    paced = threading.Thread(target=_paced, args=(bs, topic, range(1, n)), daemon=True)
 
     def on_step(now: float, loop: ScalingLoop) -> None:
         if not state["produced"] and replicas.ready():
-            # the rest only once a replica runs: each fails at once, so the source topic's
-            # drainable lag stays near 0 and only the tier's waiting records remain
-            produce(bs, topic, ((f"k{i}".encode(), str(i).encode()) for i in range(1, n)))
+            # the rest only once a replica runs, paced: each fails at once, so the source
+            # topic's drainable lag stays near 0 and only the tier's waiting records remain
+            paced.start()
             state["produced"] = True
         if state["produced"] and state["drained"] is None and int(now * 10) % 5 == 0:
             committed, ends = committed_and_ends(bs, group, topic)
@@ -360,7 +375,7 @@ def test_retries_waiting_in_a_tier_keep_one_replica_never_more_never_zero(
         return out
 
     assert state["first_due"] > state["drained"], state
-    assert waiting_problems(run.loop.events, run.trace) == []
+    assert waiting_problems(run.loop.events, run.trace) == [], run.read.nonzero
     assert run.loop.replicas == 0
     shadow = run.shadows["before #47"].loop
     shadow_trace = _replay(shadow)
@@ -456,8 +471,6 @@ def test_steady_load_does_not_flap(kafka_broker: Broker, prom: PrometheusServer,
     lasts the replica count never reverses direction (no scale-down followed by a scale-up,
     or the reverse); every record is applied once; back to zero after. Canary: the same loop
     without scale-down stabilization, on the same figures, reverses."""
-    import threading
-
     from kworkers.testing.workload import produce_steady
 
     load_s, rate = float(full_size(120, 30)), 100.0
@@ -500,6 +513,117 @@ def test_steady_load_does_not_flap(kafka_broker: Broker, prom: PrometheusServer,
     print(f"canary (no scale-down stabilization): {canary} reversals; events "
           f"{[(round(e.at, 1), e.after) for e in run.shadows['unstabilized'].loop.events]}")
     assert canary > 0
+
+
+def _transactions(bs: str, topic: str, n: int) -> None:
+    """``n`` records in committed transactions of 50, each spread over every partition, and
+    one aborted transaction of 20 in the middle (never to be applied)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bs, "transactional.id": unique("tx"), "log_level": 3})
+    p.init_transactions(30)
+    for start in range(0, n, 50):
+        p.begin_transaction()
+        for i in range(start, min(n, start + 50)):
+            p.produce(topic, key=f"k{i}".encode(), value=str(i).encode(),
+                      partition=i % PARTITIONS)
+        p.commit_transaction(30)
+        if start == 100:
+            p.begin_transaction()
+            for i in range(20):
+                p.produce(topic, value=f"aborted-{i}".encode(), partition=i % PARTITIONS)
+            p.abort_transaction(30)
+
+
+def _naive_commit(bs: str, topic: str, group: str) -> None:
+    """Commits for ``group`` what a consumer that processed every committed record commits
+    when it does not step past the transaction markers: the last record's offset + 1."""
+    c = Consumer({"bootstrap.servers": bs, "group.id": unique("reader"), "log_level": 3,
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    last: dict[int, int] = {}
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                for p in range(PARTITIONS)}
+        idle = 0
+        while idle < 10:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                idle += 1
+                continue
+            part, offset = m.partition(), m.offset()
+            assert part is not None and offset is not None
+            last[part] = max(last.get(part, -1), offset)
+    finally:
+        c.close()
+    assert all(last[p] + 1 < ends[p] for p in last), (last, ends)  # a marker follows
+    naive = Consumer({"bootstrap.servers": bs, "group.id": group, "log_level": 3})
+    try:
+        naive.commit(offsets=[TopicPartition(topic, p, o + 1) for p, o in last.items()],
+                     asynchronous=False)
+    finally:
+        naive.close()
+
+
+def test_a_group_reading_an_exactly_once_topic_scales_to_zero(
+        kafka_broker: Broker, prom: PrometheusServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downstream pool reads a topic written in transactions (committed ones, and an aborted
+    one it must never apply): woken by the lag, it runs every committed record once, commits
+    past the markers, and KEDA's own scaler then reads lag 0: the loop takes it to zero.
+    Canary: a group that committed what it processed (the last record + 1, not past the
+    markers; KEDA issue 5880) keeps the same loop at one replica for good."""
+    bs = kafka_broker.bootstrap_servers
+    topic, group = topics(bs, "eos"), unique("g")
+    n = full_size(2000, 400)
+    ledger_path = tmp_path / "ledger.db"
+    _env(monkeypatch, ledger_path, KW_AS_SLOW_MS="5")
+    _transactions(bs, topic, n)
+    naive = unique("naive")
+    _naive_commit(bs, topic, naive)
+    so = render(bs, topic, group, prom.url)
+    canary_so = render(bs, topic, naive, prom.url)
+    replicas = Replicas(tmp_path, bs, topic, group, prom)
+    ledger = Ledger(ledger_path)
+    state: dict[str, Any] = {"complete": None}
+
+    def on_step(now: float, loop: ScalingLoop) -> None:
+        if state["complete"] is None and int(now * 10) % 5 == 0 \
+                and len(ledger.applications()) >= n:
+            state["complete"] = now
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        return state["complete"] is not None and loop.replicas == 0
+
+    run = drive(so, {"naive commits": canary_so}, bs, prom, replicas, until, on_step)
+    applied = ledger.applications()
+    committed, ends = committed_and_ends(bs, group, topic)
+    print(f"exactly-once topic, {n} records: events "
+          f"{[(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]}; "
+          f"complete {state['complete']:.1f}; committed {committed} of {ends}")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert sorted(applied, key=int) == [str(i) for i in range(n)]
+    assert set(applied.values()) == {1}
+    assert committed == ends
+    assert run.loop.replicas == 0 and run.loop.events[-1].by == "keda"
+    shadow = run.shadows["naive commits"].loop
+    print(f"canary (naive commits): ends at {shadow.replicas} replica(s); last reading "
+          f"{[(f.name, f.value, f.active) for f in shadow.readings[-1][1]]}")
+    assert shadow.replicas == 1
+
+
+def _paced(bs: str, topic: str, values: range, per_second: float = 100.0) -> None:
+    """``values`` as records k<i>/<i>, 10 at a time, ``per_second``."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "log_level": 3})
+    t0 = time.monotonic()
+    for j, i in enumerate(values):
+        p.produce(topic, key=f"k{i}".encode(), value=str(i).encode())
+        if j % 10 == 9:
+            p.poll(0)
+            time.sleep(max(0.0, t0 + (j + 1) / per_second - time.monotonic()))
+    assert p.flush(30) == 0
 
 
 def _replay(loop: ScalingLoop) -> list[tuple[float, int]]:
