@@ -14,6 +14,8 @@ metrics port from ``--metrics-port``; the scenario's own settings from the envir
 - ``KW_AS_LAG_INTERVAL_S``: how often the lag gauges are refreshed (5 s in kworkers; the
   scenarios divide it like every other interval, or a gauge would hold a figure 150 s of
   full-scale time);
+- ``KW_AS_RATE``/``KW_AS_RATE_STORE``/``KW_AS_RATE_NAME``: a pool-wide rate limit (records
+  a second, burst 5) shared through that store (``kworkers.pace.open_buckets``);
 - ``KW_AS_BREAKER``: ``1``: a breaker that opens after 5 attempts at half failures (a probe
   every 2 s, at most 4 s apart).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from kworkers import Message, RetryableError, RetryPolicy, TierLadder, Worker
 from kworkers.consumer.breaker import BreakerPolicy
@@ -41,7 +44,14 @@ def worker() -> Worker:
     down = os.environ.get("KW_AS_DOWN")
     breaker = (BreakerPolicy(min_attempts=5, window_s=10, cooldown_s=2.0, max_cooldown_s=4.0)
                if os.environ.get("KW_AS_BREAKER") == "1" else None)
-    w = Worker(topics=["placeholder"], group_id="placeholder", concurrency=4,
+    rate: dict[str, Any] = {}
+    if os.environ.get("KW_AS_RATE"):
+        from kworkers.pace import RateLimit, open_buckets
+
+        rate = {"rate_limit": RateLimit(per_second=float(os.environ["KW_AS_RATE"]), burst=5,
+                                        scope="pool", name=os.environ.get("KW_AS_RATE_NAME", "")),
+                "rate_store": open_buckets(os.environ["KW_AS_RATE_STORE"])}
+    w = Worker(topics=["placeholder"], group_id="placeholder", concurrency=4, **rate,
                retry=RetryPolicy(initial=retry_s, backoff=1.0, max_interval=retry_s,
                                  max_attempts=3),
                tiers=TierLadder((retry_s,)), jitter=no_jitter, breaker=breaker)

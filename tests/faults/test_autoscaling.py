@@ -73,9 +73,10 @@ def topics(bs: str, prefix: str) -> str:
     return topic
 
 
-def render(bs: str, topic: str, group: str, prometheus: str | None) -> dict[str, Any]:
+def render(bs: str, topic: str, group: str, prometheus: str | None,
+           **config: Any) -> dict[str, Any]:
     cfg = WorkerConfig(topics=(topic,), group_id=group, bootstrap_servers=bs,
-                       tiers=TierLadder((RETRY_S,)))
+                       tiers=TierLadder((RETRY_S,)), **config)
     objs = manifests(cfg, image="kworkers/worker:test", app="scaled", module="m:worker",
                      partitions=PARTITIONS, prometheus=prometheus, allow_loopback=True)
     return objs["keda/scaledobject.yaml"]
@@ -467,13 +468,13 @@ def unstabilized(so: Mapping[str, Any]) -> dict[str, Any]:
 def test_steady_load_does_not_flap(kafka_broker: Broker, prom: PrometheusServer,
                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Records arrive at a steady 100/s, more than one replica runs (4 handlers of 50 ms: at
-    most 80/s), for 30 s (15 minutes at full scale; 120 s with KWORKERS_FULL). While the load
+    most 80/s), for 20 s (10 minutes at full scale; 120 s with KWORKERS_FULL). While the load
     lasts the replica count never reverses direction (no scale-down followed by a scale-up,
     or the reverse); every record is applied once; back to zero after. Canary: the same loop
     without scale-down stabilization, on the same figures, reverses."""
     from kworkers.testing.workload import produce_steady
 
-    load_s, rate = float(full_size(120, 30)), 100.0
+    load_s, rate = float(full_size(120, 20)), 100.0
     bs = kafka_broker.bootstrap_servers
     topic, group = topics(bs, "steady"), unique("g")
     n = int(load_s * rate)
@@ -624,6 +625,60 @@ def _paced(bs: str, topic: str, values: range, per_second: float = 100.0) -> Non
             p.poll(0)
             time.sleep(max(0.0, t0 + (j + 1) / per_second - time.monotonic()))
     assert p.flush(30) == 0
+
+
+def test_a_pool_wide_rate_limit_at_its_bound_does_not_grow_the_pool(
+        kafka_broker: Broker, prom: PrometheusServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backlog behind a pool-wide rate limit (20 records/s for every replica, one bucket in
+    Redis): more replicas would only wait for the same tokens. The pool keeps exactly one
+    replica until the backlog ran, every record once, then zero. Canary: the ScaledObject
+    before #47 (raw lag; it wanted an explicit max_replicas for this reason) asks for 3."""
+    from kworkers.pace import RateLimit
+    from tests.faults.support import store_url
+
+    store = store_url("redis", tmp_path)
+    bs = kafka_broker.bootstrap_servers
+    topic, group = topics(bs, "rate"), unique("g")
+    n = full_size(1200, 300)
+    ledger_path = tmp_path / "ledger.db"
+    _env(monkeypatch, ledger_path, KW_AS_RATE="20", KW_AS_RATE_STORE=store,
+         KW_AS_RATE_NAME=unique("bucket"))
+    limit = RateLimit(per_second=20, burst=5, scope="pool")
+    so = render(bs, topic, group, prom.url, rate_limit=limit)
+    # before #47, raw lag: an operator gave max_replicas = the partitions (render's default)
+    canary_so = before_47(render(bs, topic, group, None))
+    produce(bs, topic, ((f"k{i}".encode(), str(i).encode()) for i in range(n)))
+    replicas = Replicas(tmp_path, bs, topic, group, prom)
+    ledger = Ledger(ledger_path)
+    state: dict[str, Any] = {"complete": None}
+
+    def on_step(now: float, loop: ScalingLoop) -> None:
+        if state["complete"] is None and int(now * 10) % 5 == 0 \
+                and len(ledger.applications()) >= n:
+            state["complete"] = now
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        return state["complete"] is not None and loop.replicas == 0
+
+    run = drive(so, {"before #47": canary_so}, bs, prom, replicas, until, on_step)
+    applied = ledger.applications()
+    print(f"rate-limited backlog {n}: events "
+          f"{[(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]}; "
+          f"complete {state['complete']:.1f}")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert sorted(applied, key=int) == [str(i) for i in range(n)]
+    assert set(applied.values()) == {1}
+
+    def limited_problems(trace: Sequence[tuple[float, int]]) -> list[str]:
+        return [f"{r} replicas at {t:.1f} s behind the pool's rate limit" for t, r in trace
+                if 0 < t < state["complete"] and r > 1]
+
+    assert limited_problems(run.trace) == [], run.read.nonzero
+    assert run.loop.replicas == 0
+    problems = limited_problems(_replay(run.shadows["before #47"].loop))
+    print(f"canary (before #47): {problems[:3]} ({len(problems)} in all)")
+    assert problems
 
 
 def _replay(loop: ScalingLoop) -> list[tuple[float, int]]:
