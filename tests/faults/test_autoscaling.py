@@ -134,8 +134,10 @@ class Replicas:
     (a pod's grace period: waited for at the end, every exit code 0)."""
 
     def __init__(self, tmp: Path, bs: str, topic: str, group: str,
-                 prom: PrometheusServer) -> None:
+                 prom: PrometheusServer, app: str = "tests.apps.autoscale_worker:worker",
+                 ) -> None:
         self.tmp, self.bs, self.topic, self.group, self.prom = tmp, bs, topic, group, prom
+        self.app = app
         self.live: list[tuple[WorkerProcess, int]] = []
         self.gone: list[WorkerProcess] = []
         self.started = 0
@@ -146,8 +148,8 @@ class Replicas:
             port = free_port()
             self.started += 1
             w = WorkerProcess(
-                ["-m", "kworkers.cli", "run", "tests.apps.autoscale_worker:worker",
-                 "-b", self.bs, "--topic", self.topic, "--group", self.group,
+                ["-m", "kworkers.cli", "run", self.app, "-b", self.bs,
+                 *(["--topic", self.topic, "--group", self.group] if self.topic else []),
                  "--metrics-port", str(port), "--log-level", "WARNING"],
                 self.tmp, f"replica-{self.started}", cwd=str(ROOT)).start()
             self.live.append((w, port))
@@ -677,6 +679,83 @@ def test_a_pool_wide_rate_limit_at_its_bound_does_not_grow_the_pool(
     assert limited_problems(run.trace) == [], run.read.nonzero
     assert run.loop.replicas == 0
     problems = limited_problems(_replay(run.shadows["before #47"].loop))
+    print(f"canary (before #47): {problems[:3]} ({len(problems)} in all)")
+    assert problems
+
+
+def test_scheduled_records_not_yet_due_keep_one_replica_never_more_never_zero(
+        kafka_broker: Broker, prom: PrometheusServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's pool (``kworkers run`` of a Scheduler's worker: its rungs are its source
+    topics), rendered by ``deploy render`` like any pool: 200 records scheduled 20 s ahead
+    (10 minutes at full scale; scheduling them takes a few seconds, each durable in its rung)
+    wake it and keep exactly one replica until the first comes due, never zero until every
+    one was delivered (read from the destination topic: each id once), then zero. Canary: the
+    ScaledObject before #47 (raw lag on the rungs) asks for 2."""
+    from kworkers.idempotency import SqliteStore
+    from tests.apps.autoscale_scheduler import LADDER, SETTINGS, scheduler
+
+    bs = kafka_broker.bootstrap_servers
+    dest, group = make_topic(bs, unique("sched"), PARTITIONS), unique("g")
+    store = f"sqlite:///{tmp_path / 'schedule.db'}"
+    SqliteStore(tmp_path / "schedule.db")  # made before the replicas share it
+    s = scheduler(bs, store, dest)
+    s.create_topics(PARTITIONS, **SETTINGS)
+    cfg = s.worker(group, transactional_id="render", **SETTINGS).config
+    objs = manifests(cfg, image="kworkers/worker:test", app="scheduler", module="m:worker",
+                     partitions=PARTITIONS, prometheus=prom.url, allow_loopback=True)
+    so = objs["keda/scaledobject.yaml"]
+    canary_so = before_47(manifests(cfg, image="kworkers/worker:test", app="scheduler",
+                                    module="m:worker", partitions=PARTITIONS,
+                                    allow_loopback=True)["keda/scaledobject.yaml"])
+    n, ahead = full_size(1000, 200), 20.0
+    monkeypatch.setenv("KW_AS_BOOTSTRAP", bs)
+    monkeypatch.setenv("KW_AS_STORE", store)
+    monkeypatch.setenv("KW_AS_DEST", dest)
+    monkeypatch.setenv("KW_AS_GROUP", group)
+    monkeypatch.setenv("KW_AS_LAG_INTERVAL_S", f"{LAG_INTERVAL_S / SPEEDUP:g}")
+    first_due = time.time() + ahead
+    try:
+        for i in range(n):
+            s.schedule(dest, str(i).encode(), key=f"k{i}", after=ahead, id=f"id-{i}")
+    finally:
+        s.close()
+    replicas = Replicas(tmp_path, bs, "", group, prom, app="tests.apps.autoscale_scheduler:worker")
+    state: dict[str, Any] = {"first_due": None, "complete": None}
+
+    def delivered() -> list[bytes]:
+        return [h["kw-scheduled-id"] for _, _, h in read_all(bs, dest, 2)
+                if "kw-scheduled-id" in h]
+
+    def on_step(now: float, loop: ScalingLoop) -> None:
+        if state["first_due"] is None:
+            state["first_due"] = now + first_due - time.time()
+        if state["complete"] is None and now > state["first_due"] and int(now * 10) % 10 == 0 \
+                and len(set(delivered())) >= n:
+            state["complete"] = now
+
+    def until(now: float, loop: ScalingLoop) -> bool:
+        return state["complete"] is not None and loop.replicas == 0
+
+    run = drive(so, {"before #47": canary_so}, bs, prom, replicas, until, on_step)
+    ids = delivered()
+    print(f"scheduled {n}: events "
+          f"{[(round(e.at, 1), e.before, e.after, e.by) for e in run.loop.events]}; "
+          f"first due {state['first_due']:.1f}, complete {state['complete']:.1f}; "
+          f"rungs {LADDER.thresholds}")
+    assert all(code == 0 for _, code in run.exit_codes), run.exit_codes
+    assert len(ids) == n and len(set(ids)) == n
+
+    def waiting_problems(trace: Sequence[tuple[float, int]]) -> list[str]:
+        out = [f"{r} replicas at {t:.1f} s while the scheduled records waited"
+               for t, r in trace if 0 < t < state["first_due"] and r > 1]
+        out += [f"0 replicas at {t:.1f} s before every record was delivered"
+                for t, r in trace if 0 < t < state["complete"] and r == 0]
+        return out
+
+    assert waiting_problems(run.trace) == [], run.read.nonzero
+    assert run.loop.replicas == 0
+    problems = waiting_problems(_replay(run.shadows["before #47"].loop))
     print(f"canary (before #47): {problems[:3]} ({len(problems)} in all)")
     assert problems
 
