@@ -185,6 +185,14 @@ def _server_env(port: int, controller_port: int) -> dict[str, str]:
         "KAFKA_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         "KAFKA_GROUP_CONSUMER_MIN_HEARTBEAT_INTERVAL_MS": "200",
         "KAFKA_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
+        # share groups get the same failure detection (their defaults are 45 s and 5 s: a
+        # member killed in a test kept its records for 45 s); the record lock stays at its
+        # 30 s default: ShareRules' deadlines are built on it, and a 10 s lock let loaded
+        # handlers outlive it (redeliveries nobody killed, issue #42)
+        "KAFKA_GROUP_SHARE_MIN_SESSION_TIMEOUT_MS": "1000",
+        "KAFKA_GROUP_SHARE_SESSION_TIMEOUT_MS": "6000",
+        "KAFKA_GROUP_SHARE_MIN_HEARTBEAT_INTERVAL_MS": "200",
+        "KAFKA_GROUP_SHARE_HEARTBEAT_INTERVAL_MS": "500",
         "KAFKA_HEAP_OPTS": "-Xms256m -Xmx768m",
     }
 
