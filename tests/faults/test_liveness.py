@@ -155,9 +155,19 @@ def test_partitions_moved_to_a_busy_member_start_before_its_own_backlog_is_done(
         a_parts = {d.partition for d in _starts(tmp_path) if d.pid == a.pid}
         behind = _behind(bs, group, topic, ends)
         assert a_parts and all(p in behind for p in a_parts), (a_parts, behind)  # backlogs
-        wait_for(lambda: a_parts <= {d.partition for d in _starts(tmp_path)
-                                     if d.pid == b.pid and d.at > signalled}, 120,
-                 "B starts every partition it took over")
+        try:
+            wait_for(lambda: a_parts <= {d.partition for d in _starts(tmp_path)
+                                         if d.pid == b.pid and d.at > signalled}, 120,
+                     "B starts every partition it took over")
+        except AssertionError as exc:
+            # seen once under CI's two processes (2026-12-05, classic-records), never alone:
+            # keep what B did and said, so the next one can be explained
+            late = Counter(d.partition for d in _starts(tmp_path)
+                           if d.pid == b.pid and d.at > signalled)
+            raise AssertionError(
+                f"{exc}: A's partitions {sorted(a_parts)}, B's starts since A left by "
+                f"partition {dict(late)}, behind {_behind(bs, group, topic, ends)}; "
+                f"B's log:\n{b.log()[-6000:]}") from exc
         wait_for(lambda: not _behind(bs, group, topic, ends), 240, "every partition at its end")
         assert b.terminate(60) == 0, b.log()[-3000:]
     finally:
