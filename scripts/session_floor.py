@@ -83,13 +83,15 @@ def produce(bootstrap: str, topic: str, stop_at: float) -> None:
     producer.flush(10)
 
 
-def judge(files: list[Path], formed_at: float) -> tuple[int, int, int]:
-    """(revocations or losses after formation, records seen twice, records seen)."""
+def judge(files: list[Path], formed_at: float, ends_at: float) -> tuple[int, int, int]:
+    """(revocations or losses after formation and before the members close, records seen
+    twice, records seen)."""
     moves, seen, twice = 0, set[str](), 0
     for f in files:
         for line in f.read_text().splitlines():
             e = json.loads(line)
-            if e["kind"] in ("revoke", "lost") and e["t"] > formed_at and e["parts"]:
+            if (e["kind"] in ("revoke", "lost") and formed_at < e["t"] < ends_at - 1.0
+                    and e["parts"]):  # a member's own close revokes too: not counted
                 moves += 1
             elif e["kind"] == "rec":
                 twice += e["key"] in seen
@@ -131,7 +133,7 @@ def run(session_ms: int, window: float, load: int) -> None:
         for p in procs:
             p.join(formation + window + 60)
         for protocol in topics:
-            moves, twice, seen = judge(files[protocol], formed_at)
+            moves, twice, seen = judge(files[protocol], formed_at, stop_at)
             print(f"session {session_ms / 1000:g} s, heartbeat {heartbeat} ms, {protocol:8} "
                   f"{MEMBERS} members, load +{load} spinning, {window:.0f} s after formation: "
                   f"revocations/losses {moves}, records delivered twice {twice} of {seen} "
