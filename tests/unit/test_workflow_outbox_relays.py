@@ -135,11 +135,16 @@ def test_an_old_table_gets_the_lease_columns(spec: Spec) -> None:
     assert box.relay_once(log) == 1
 
 
-def _relay_process(spec: Spec, out: Any) -> None:
+def _relay_process(spec: Spec, out: Any, sends: Any) -> None:
     box = _outbox(spec)
 
     def send(topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        out.put((key, value))
+        # the send's place among all relays' sends, taken when it happens: the queue's order
+        # is not it (each process's feeder thread flushes when it is scheduled: under load a
+        # relay's earlier put arrived after another relay's later one, 2026-12-05)
+        with sends.get_lock():
+            sends.value += 1
+            out.put((sends.value, key, value))
 
     while True:
         if box.relay_once(send, limit=7) == 0 and not box.pending(1):
@@ -151,11 +156,11 @@ def test_three_relay_processes_send_each_record_once_in_key_order(spec: Spec) ->
     rows = [(f"k{i % 5}".encode(), f"{i % 5}:{i // 5}".encode()) for i in range(200)]
     for start in range(0, len(rows), 50):
         _enqueue(box, rows[start:start + 50])
-    q = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_relay_process, args=(spec, q)) for _ in range(3)]
+    q, sends = SPAWN.Queue(), SPAWN.Value("q", 0)
+    procs = [SPAWN.Process(target=_relay_process, args=(spec, q, sends)) for _ in range(3)]
     for p in procs:
         p.start()
-    sent = [q.get(timeout=120) for _ in range(200)]
+    sent = [(key, value) for _n, key, value in sorted(q.get(timeout=120) for _ in range(200))]
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
