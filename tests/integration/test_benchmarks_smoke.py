@@ -46,6 +46,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "schedule": ("early", "p99_ms", "schedule_per_s", "delivered"),
     "hot": ("raw_mps", "kworkers_mps", "pausing_mps", "hold_gain", "short_commits"),
     "floor": ("consume_us", "messages_us", "in_flight_us", "gc_off_us", "build_us", "gc_us"),
+    "autoscale": ("drain_s", "first_scale_out_s", "zero_after_drain_s", "flaps", "spurious",
+                  "before47_spurious", "twice"),
 }
 # Sides that cannot run in smoke mode; their RESULT value is "n/a".
 NOT_IN_SMOKE = {"peers": ("quix_mps", "arroyo_mps", "faststream_mps", "faststream_batch_mps"),
