@@ -250,14 +250,15 @@ def test_a_commit_timeout_is_retried_in_place_with_the_seeds_waits(pause_run: Pa
 
 def test_canary_a_pause_past_the_session_is_not_ridden_out_in_place(pause_run: PauseRun) -> None:
     """The same judge on the long pause of the same run (longer than the session: the group
-    expels the member, whose place is not kept): it finds the loss and the records delivered
-    again, so it can fail."""
+    expels the member, whose place is not kept): it finds the loss, so it can fail. Records
+    delivered again follow only when some were not committed at the expulsion (seen in most
+    runs; in one CI run of 2026-12-05 the partition was lost with nothing left uncommitted,
+    so the redelivery is not required here)."""
     r = pause_run
     problems = in_place_problems(r.ledger, r.topic, r.long_at, r.end_at, 200,
                                  r.committed_at_end)
     print(f"canary: the long pause judged as the short one: {problems}")
     assert any(p.startswith(("revoke", "lost")) for p in problems), problems
-    assert any("delivered again" in p for p in problems), problems
 
 
 def test_dlq_outage_holds_the_commit_and_every_dead_letter_reads_back(
