@@ -39,6 +39,7 @@ from kworkers.testing.autoscaling import (
     before_47,
     committed_and_ends,
     drive,
+    produce_paced,
     render,
     replay,
     reversals,
@@ -116,19 +117,6 @@ def _backlog(bs: str, tmp: Path, n: int) -> dict[str, Any]:
     return out
 
 
-def _paced(bs: str, topic: str, values: range, per_second: float = 100.0) -> None:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "log_level": 3})
-    t0 = time.monotonic()
-    for j, i in enumerate(values):
-        p.produce(topic, key=f"k{i}".encode(), value=str(i).encode())
-        if j % 10 == 9:
-            p.poll(0)
-            time.sleep(max(0.0, t0 + (j + 1) / per_second - time.monotonic()))
-    assert p.flush(30) == 0
-
-
 def _retries(bs: str, tmp: Path, m: int) -> dict[str, int]:
     """Spurious scale-outs while ``m`` retries wait: replica counts above 1 (each rise counted
     once) between the source's drain and the first retry's due time."""
@@ -140,7 +128,7 @@ def _retries(bs: str, tmp: Path, m: int) -> dict[str, int]:
         canary = before_47(render(bs, topic, group, None))
         produce(bs, topic, [(b"k0", b"0")])
         replicas = Replicas(tmp, bs, topic, group, prom)
-        paced = threading.Thread(target=_paced, args=(bs, topic, range(1, m)), daemon=True)
+        paced = threading.Thread(target=produce_paced, args=(bs, topic, range(1, m)), daemon=True)
         state: dict[str, float | None] = {"started": None, "drained": None,
                                           "first_due": None, "done": None}
         tier = f"{topic}.retry.15s"

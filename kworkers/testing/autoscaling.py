@@ -21,8 +21,6 @@ import itertools
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,22 +32,10 @@ from kworkers.deploy import manifests
 from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.testing.broker import free_port
 from kworkers.testing.keda_probe import KedaScaler, kafka_triggers, probe_path
-from kworkers.testing.processes import WorkerProcess
+from kworkers.testing.processes import WorkerProcess, health
 from kworkers.testing.prometheus import PrometheusServer
 from kworkers.testing.scaling_loop import Figure, LoopSpec, ScalingLoop
 from kworkers.testing.workload import make_topic, unique
-
-
-def health(port: int) -> int:
-    """A replica's ``/healthz`` status (0: not answering)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
-
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEEDUP = 30.0
@@ -262,3 +248,18 @@ def replay(loop: ScalingLoop) -> list[tuple[float, int]]:
             n = events.pop(0).after
         out.append((t, n))
     return out
+
+
+def produce_paced(bs: str, topic: str, values: range, per_second: float = 100.0) -> None:
+    """``values`` as records k<i>/<i>, 10 at a time, ``per_second`` (the tests' and the
+    benchmark's steady arrivals)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "log_level": 3})
+    t0 = time.monotonic()
+    for j, i in enumerate(values):
+        p.produce(topic, key=f"k{i}".encode(), value=str(i).encode())
+        if j % 10 == 9:
+            p.poll(0)
+            time.sleep(max(0.0, t0 + (j + 1) / per_second - time.monotonic()))
+    assert p.flush(30) == 0

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -79,3 +81,15 @@ def keep_alive(workers: Sequence[WorkerProcess],
             w.start()
 
     return tick
+
+
+def health(port: int) -> int:
+    """A worker's ``/healthz`` status over HTTP (0: not answering): read from outside, as an
+    orchestrator's probe reads it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0

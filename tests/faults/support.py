@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
@@ -123,17 +121,6 @@ def metric_total(port: int, name: str, **labels: str) -> float:
 
     want = set(labels.items())
     return sum(v for (n, got), v in scrape(port).items() if n == name and want <= got)
-
-
-def health(port: int) -> int:
-    """A worker's ``/healthz`` status over HTTP (0: not answering)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
 
 
 def proc_mb(pid: int, field: str = "VmRSS") -> float:

@@ -49,6 +49,7 @@ from kworkers.testing.autoscaling import (
     before_47,
     committed_and_ends,
     drive,
+    produce_paced,
     render,
     replay,
     reversals,
@@ -176,7 +177,7 @@ def test_retries_waiting_in_a_tier_keep_one_replica_never_more_never_zero(
     state: dict[str, Any] = {"produced": False, "drained": None, "first_due": None,
                              "complete": None}
     produce(bs, topic, [(b"k0", b"0")])  # wakes the pool: one replica
-    paced = threading.Thread(target=_paced, args=(bs, topic, range(1, n)), daemon=True)
+    paced = threading.Thread(target=produce_paced, args=(bs, topic, range(1, n)), daemon=True)
 
     def on_step(now: float, loop: ScalingLoop) -> None:
         if not state["produced"] and replicas.ready():
@@ -438,18 +439,6 @@ def test_a_group_reading_an_exactly_once_topic_scales_to_zero(
     assert shadow.replicas == 1
 
 
-def _paced(bs: str, topic: str, values: range, per_second: float = 100.0) -> None:
-    """``values`` as records k<i>/<i>, 10 at a time, ``per_second``."""
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "log_level": 3})
-    t0 = time.monotonic()
-    for j, i in enumerate(values):
-        p.produce(topic, key=f"k{i}".encode(), value=str(i).encode())
-        if j % 10 == 9:
-            p.poll(0)
-            time.sleep(max(0.0, t0 + (j + 1) / per_second - time.monotonic()))
-    assert p.flush(30) == 0
 
 
 def test_a_pool_wide_rate_limit_at_its_bound_does_not_grow_the_pool(

@@ -32,8 +32,9 @@ from kworkers.testing import Broker
 from kworkers.testing.broker import free_port
 from kworkers.testing.checker import committed
 from kworkers.testing.ledger import Ledger
+from kworkers.testing.processes import health
 from kworkers.testing.workload import full_size, make_topic, unique
-from tests.faults.support import health, proc_mb
+from tests.faults.support import proc_mb
 from tests.integration.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]

@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 
 from kworkers.envelope.envelope import ids_to_headers
 from kworkers.idempotency import TransactionalStore, open_store
-from kworkers.testing import Broker
+from kworkers.testing import Broker, processes
 from kworkers.testing.broker import free_port
 from kworkers.testing.checker import CommitSampler, LogRecord, Report, check, read_log, record_key
 from kworkers.testing.ledger import Ledger
@@ -139,7 +139,7 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool,
 
     def sample() -> None:
         assert proc.poll() is None, log_path.read_text("utf-8", "replace")[-3000:]
-        health.append(support.health(port))
+        health.append(processes.health(port))
         rss.append(support.proc_mb(proc.pid))
 
     def tier_ends() -> int:
@@ -151,7 +151,7 @@ def _storm(bs: str, tmp: Path, n: int, outage_s: float, breaker: bool,
         return len({d.key for d in ledger.deliveries() if d.topic == topic})
 
     try:
-        wait_for(lambda: support.health(port) == 200 or proc.poll() is not None, 90, "worker up")
+        wait_for(lambda: processes.health(port) == 200 or proc.poll() is not None, 90, "worker up")
         time.sleep(1.0)  # idle: subscribed, assigned, nothing to fetch
         # the sleep's None lets the comprehension pause between samples
         idle = max(support.proc_mb(proc.pid) for _ in range(4)
