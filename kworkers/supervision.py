@@ -73,9 +73,13 @@ class Supervisor:
         with self._lock:
             return dict(self._degraded)
 
-    def degrade(self, component: str, reason: str) -> None:
+    def degrade(self, component: str, reason: str) -> bool:
+        """True when ``component`` was not degraded before: the caller's one log line (two
+        poll loops judging one runtime both see its slow call; only one may say so)."""
         with self._lock:
+            new = component not in self._degraded
             self._degraded[component] = reason
+            return new
 
     def recover(self, component: str) -> None:
         with self._lock:

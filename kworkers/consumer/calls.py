@@ -74,6 +74,7 @@ class CallWatch:
                 sup.recover(COMPONENT)
             return
         why = found if hung is None else f"{found}; the worker stops past {hung:.0f}s"
-        if COMPONENT not in sup.degraded:  # one line per slow call (two loops may both see it)
+        # one line per slow call: both poll loops judge the one runtime, on their own threads,
+        # so the test and the set are one step (checked apart, both logged once under load)
+        if sup.degrade(COMPONENT, why):
             log.error("a handler call runs on: %s", why)
-        sup.degrade(COMPONENT, why)

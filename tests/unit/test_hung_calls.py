@@ -12,6 +12,7 @@ the exit status and the commits read back) is ``tests/faults/test_hung_handler.p
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from queue import SimpleQueue
@@ -59,6 +60,62 @@ class _Calls:
     def stalled(self, bound: float) -> str | None:
         ran = self.running
         return None if ran is None or ran <= bound else f"t/0@5 for {ran:.0f}s"
+
+
+class _ReadTogether(Supervisor):
+    """Both poll loops read ``degraded`` before either writes it: the interleaving that logged
+    a slow call twice in a CI run (2026-12-05), forced by a barrier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=5)
+
+    @property
+    def degraded(self) -> dict[str, str]:
+        seen = super().degraded
+        self.barrier.wait()
+        return seen
+
+
+def _two_loops_judge_one_slow_call(sup: Supervisor, old_rule: bool,
+                                   caplog: pytest.LogCaptureFixture) -> int:
+    calls = _Calls()
+    calls.running = 61.0
+    watches = [CallWatch(calls, sup, 60.0, 180.0, FakeClock(0.0), every=0.0) for _ in range(2)]
+
+    def old_check(watch: CallWatch) -> None:  # the rule before: test, then set, apart
+        why = calls.stalled(60.0)
+        assert why is not None
+        if COMPONENT not in sup.degraded:
+            logging.getLogger("kworkers.consumer").error("a handler call runs on: %s", why)
+        sup.degrade(COMPONENT, why)
+
+    def judge(watch: CallWatch) -> None:
+        if old_rule:
+            old_check(watch)
+        else:
+            try:
+                watch.check()
+            finally:
+                if isinstance(sup, _ReadTogether):
+                    sup.barrier.abort()  # the fixed rule never reads ``degraded`` to log
+
+    with caplog.at_level(logging.ERROR, logger="kworkers.consumer"):
+        threads = [threading.Thread(target=judge, args=(w,)) for w in watches]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    return sum("a handler call runs on" in r.getMessage() for r in caplog.records)
+
+
+def test_two_loops_seeing_one_slow_call_log_it_once(caplog: pytest.LogCaptureFixture) -> None:
+    assert _two_loops_judge_one_slow_call(_ReadTogether(), False, caplog) == 1
+
+
+def test_canary_testing_and_setting_apart_logs_it_twice(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert _two_loops_judge_one_slow_call(_ReadTogether(), True, caplog) == 2
 
 
 def test_a_call_past_the_slow_bound_degrades_readiness_past_the_hung_bound_health() -> None:
