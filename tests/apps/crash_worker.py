@@ -62,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         group_protocol="consumer", idempotency=store, lease_s=args.lease_s,
         retry=RetryPolicy(initial=0.5, backoff=1.0, max_interval=1.0,
                           max_attempts=args.max_attempts),
-        # 3 s in the tier: the source loop's commit past a record it handed off as
-        # AttemptCrashed must land before the retry runs (and kills this process again); a
-        # 1 s tier lost that race once under CI's load (2026-12-05: the source record
-        # redelivered after its key was dead-lettered ran again as attempt 1: docs/RELIABILITY
-        # "Known limits", a hand-off's source commit and a crash)
-        tiers=TierLadder((3.0,)), drain_timeout=2.0)
+        tiers=TierLadder((1.0,)), drain_timeout=2.0)
 
     def die() -> None:
         (markers / f"died-{os.getpid()}").write_text(str(os.getpid()))
