@@ -80,6 +80,8 @@ class Slot:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
+            log.write(b"--- process started\n")  # before it can die: a start is counted
+            log.flush()
             self.proc = subprocess.Popen(
                 [sys.executable, str(HERE / "charge_worker.py"), *self.args], stdout=log,
                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -4,8 +4,8 @@ idempotent receiver (exit 0), and without it shows seed 003's double charge (exi
 Both runs share the session broker (``--bootstrap``); ``scripts/demo`` itself only adds the
 set-up and a broker of its own. Judged from what the demo leaves in ``--workdir``, not from its
 printed table: the charges table the workers append to (one row per charge, with the pid that
-made it), the certain kill point's marker, and the workers' logs (one "worker ready" line per
-process start).
+made it), the certain kill point's marker, and the workers' logs (one "--- process started"
+line per process start, written by the demo before the process runs).
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ def _charges(work: Path) -> list[tuple[str, int]]:
 
 
 def _starts(work: Path) -> int:
-    return sum(p.read_text("utf-8", "replace").count("worker ready")
+    """Worker processes started (the demo marks each start in its log before the process
+    runs: a worker killed again before it said "worker ready" was still started; one so
+    killed made a CI run count 3 ready lines for 4 starts, 2026-12-05)."""
+    return sum(p.read_text("utf-8", "replace").count("--- process started")
                for p in work.glob("worker-*.log"))
 
 
