@@ -44,6 +44,7 @@ from typing import Literal
 
 from kworkers.errors import ConfigError
 from kworkers.lag import partition_lag as lag_of
+from kworkers.promql import quoted
 
 OffsetResetPolicy = Literal["latest", "earliest"]
 TP = tuple[str, int]
@@ -257,9 +258,7 @@ SHARE_GROUP_MAX_SIZE = 200
 
 def share_backlog_query(group: str) -> str:
     """The PromQL of the share trigger: min per partition over replicas, summed."""
-    if not group or any(c in group for c in '"\\\n'):
-        raise ConfigError(f"group: cannot be quoted in a PromQL label matcher: {group!r}")
-    return f'sum(min by (topic, partition) (kworkers_share_backlog{{group="{group}"}}))'
+    return f"sum(min by (topic, partition) (kworkers_share_backlog{{group={quoted(group)}}}))"
 
 
 @dataclass(frozen=True)

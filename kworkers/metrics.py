@@ -41,11 +41,14 @@ MetricName = Literal[
     "kworkers_consumer_time_lag_seconds",
     "kworkers_drainable_lag",
     "kworkers_drainable_time_lag_seconds",
+    "kworkers_tier_waiting_records",
+    "kworkers_tier_due_records",
     "kworkers_rebalances_total",
     "kworkers_commits_total",
     "kworkers_commit_failures_total",
     "kworkers_commit_uncertain_total",
     "kworkers_commits_deferred_total",
+    "kworkers_commit_duration_seconds",
     "kworkers_commit_timeouts_total",
     "kworkers_member_fenced",
     "kworkers_transactions_total",
@@ -61,6 +64,7 @@ MetricName = Literal[
     "kworkers_redriven_total",
     "kworkers_worker_ready",
     "kworkers_worker_processes_ready",
+    "kworkers_group_processes_ready",
     "kworkers_worker_healthy",
     "kworkers_breaker_state",
     "kworkers_breaker_transitions_total",
@@ -155,6 +159,17 @@ class Metrics:
             "kworkers_drainable_time_lag_seconds", "kworkers_consumer_time_lag_seconds of a "
             "partition with drainable records, else 0 (what the time-lag trigger scales on)",
             ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
+        # A retry tier partition's records fetched and not completed, split as the tier gate
+        # holds them: waiting for their due time (held on purpose, never drainable) or due
+        # (running or about to). Tier loops only; per partition, as the lag is.
+        self.tier_waiting = Gauge(
+            "kworkers_tier_waiting_records", "Records of a retry tier partition fetched and "
+            "waiting in the tier's timer heap for their due time (not lag more replicas could "
+            "drain)", ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
+        self.tier_due = Gauge(
+            "kworkers_tier_due_records", "Records of a retry tier partition fetched, due and "
+            "not yet completed (running, or queued for a runner)",
+            ["group", "topic", "partition"], registry=r, multiprocess_mode="livemax")
         self.decode_failures = Counter(
             "kworkers_payload_decode_failures", "Keys and values the deserializers could not "
             "decode, by field and kind: permanent (dead-lettered: bad bytes, unknown schema id) "
@@ -189,6 +204,11 @@ class Metrics:
             "kworkers_commit_uncertain",
             "Commits whose outcome is unknown (permanent error after a retryable one)",
             ["group"], registry=r)
+        self.commit_duration = Histogram(
+            "kworkers_commit_duration_seconds", "One commit from its first attempt sent to its "
+            "outcome (committed, deferred, failed or uncertain: the counters say which), "
+            "retries and their backoff included", ["group"], registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.commit_timeouts = Counter(
             "kworkers_commit_timeouts", "Commit attempts the broker did not answer within "
             "commit.timeout_s (each counted as a retryable timeout and sent again)", ["group"],
@@ -248,6 +268,13 @@ class Metrics:
         self.worker_processes_ready = Gauge(
             "kworkers_worker_processes_ready", "Worker processes that are ready (1 or 0 for "
             "one process; for a --processes pool, how many of its processes are)", [],
+            registry=r, multiprocess_mode="livesum")
+        # kworkers_worker_ready has no group label (a process may serve several loops), so a
+        # group's ready replicas are counted here: sum by (group) over the scraped targets.
+        self.group_processes_ready = Gauge(
+            "kworkers_group_processes_ready", "Worker processes of this group (the worker's "
+            "--group) that are ready: 1 or 0 for one process, the ready count for a "
+            "--processes pool; sum by (group) is the group's ready members", ["group"],
             registry=r, multiprocess_mode="livesum")
         self.worker_healthy = Gauge(
             "kworkers_worker_healthy", "0 once a part of the worker failed (it then stops; "

@@ -101,13 +101,17 @@ def prepare(target: str, flags: Mapping[str, object], environ: Mapping[str, str]
 
 
 def _mark_ready(worker: Worker) -> None:
-    """Keeps ``kworkers_worker_ready`` (and the process count) at 1 while the worker is ready
-    (it polls and nothing is degraded), 0 otherwise (a pool parent's /readyz counts them)."""
+    """Keeps ``kworkers_worker_ready`` (and the process counts, the group's too) at 1 while the
+    worker is ready (it polls and nothing is degraded), 0 otherwise (a pool parent's /readyz
+    counts them; a dashboard counts a group's ready replicas by its group's gauge)."""
+    by_group = worker.metrics.group_processes_ready.labels(worker.config.group_id)
+
     def wait() -> None:
         while True:
             ready = 1 if worker.ready else 0
             worker.metrics.worker_ready.set(ready)
             worker.metrics.worker_processes_ready.set(ready)
+            by_group.set(ready)
             time.sleep(0.1 if not worker.ready else 1.0)
 
     threading.Thread(target=wait, name="kworkers-ready", daemon=True).start()

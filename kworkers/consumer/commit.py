@@ -119,6 +119,8 @@ class CommitRun:
     attempts: int = 0
     #: when the attempt now outstanding was sent (None: none is)
     sent_at: float | None = None
+    #: when the first attempt was sent (the commit's latency counts from here)
+    first_sent_at: float | None = None
     #: when the next attempt is due (None: none is scheduled)
     resend_at: float | None = None
     outcome: CommitOutcome | None = None
@@ -137,6 +139,8 @@ class CommitRun:
         """An attempt goes out now."""
         self.attempts += 1
         self.sent_at = now
+        if self.first_sent_at is None:
+            self.first_sent_at = now
         self.resend_at = None
 
     def due(self, now: float) -> bool:

@@ -44,6 +44,7 @@ class Committer:
         self._m_failures = metrics.commit_failures.labels(group)
         self._m_deferred = metrics.commit_deferred.labels(group)
         self._m_timeouts = metrics.commit_timeouts.labels(group)
+        self._m_duration = metrics.commit_duration.labels(group)
 
     # ------------------------------------------------------------------ what to commit
 
@@ -186,6 +187,8 @@ class Committer:
 
     def _apply(self, run: CommitRun, parts: Mapping[TP, PartitionState]) -> None:
         outcome, why = run.outcome, run.why
+        if run.first_sent_at is not None:  # a run that ended unsent took no time of the broker
+            self._m_duration.observe(max(0.0, self.clock.monotonic() - run.first_sent_at))
         if outcome is CommitOutcome.COMMITTED:
             self._mark(run.positions, parts)
             self._m_commits.inc()

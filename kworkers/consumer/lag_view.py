@@ -73,6 +73,10 @@ class Figures:
     time_lag: Labelled
     drainable: Labelled
     drainable_time_lag: Labelled
+    #: a delayed partition's fetched records waiting for their due time, and due (loops with
+    #: a timer heap only: retry tiers, schedule rungs)
+    tier_waiting: Labelled | None = None
+    tier_due: Labelled | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +187,7 @@ class LagView:
             if n is not None:
                 self.gauge.labels(*labels).set(n)
                 self._shown.add(ps.tp)
+            self._tier(ps, labels, facts)
             out = None if self.figures is None else self.outstanding(ps, consumer)
             if self.figures is None or out is None:
                 continue
@@ -199,6 +204,19 @@ class LagView:
                 f.time_lag.labels(*labels).set(t)
                 f.drainable_time_lag.labels(*labels).set(t if d > 0 else 0.0)
             self._shown.add(ps.tp)
+
+    def _tier(self, ps: PartitionState, labels: tuple[str, str, str],
+              facts: Facts | None) -> None:
+        """A delayed partition's records fetched and not completed, waiting or due."""
+        f = self.figures
+        if f is None or facts is None or facts.waiting is None:
+            return
+        waiting = facts.waiting(ps)
+        if f.tier_waiting is not None:
+            f.tier_waiting.labels(*labels).set(waiting)
+        if f.tier_due is not None:
+            f.tier_due.labels(*labels).set(max(0, ps.tracker.in_flight - waiting))
+        self._shown.add(ps.tp)
 
     @staticmethod
     def drainable(ps: PartitionState, outstanding: int, facts: Facts | None) -> int:
@@ -219,6 +237,7 @@ class LagView:
         if self.figures is not None:
             f = self.figures
             gauges += [f.time_lag, f.drainable, f.drainable_time_lag]
+            gauges += [g for g in (f.tier_waiting, f.tier_due) if g is not None]
         shared = _multiprocess()
         for tp in tps:
             with self._lock:

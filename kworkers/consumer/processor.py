@@ -130,7 +130,8 @@ class Processor:
         #: the lag gauge, right from the first scrape (committed offsets read at assignment)
         self.lag_view = LagView(group, lag_source, metrics.lag,
                                 Figures(metrics.time_lag, metrics.drainable,
-                                        metrics.drainable_time_lag), clock)
+                                        metrics.drainable_time_lag, metrics.tier_waiting,
+                                        metrics.tier_due), clock)
         self.stall_watch = StallWatch(
             self.group, settings.partition_stall_bound(), lambda: self.stall_views, offsets,
             clock, supervisor,

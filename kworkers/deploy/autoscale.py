@@ -46,6 +46,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from kworkers.errors import ConfigError
+from kworkers.promql import quoted
 
 ScaleOn = Literal["records", "seconds"]
 
@@ -129,10 +130,7 @@ class Autoscale:
 
 
 def _selector(metric: str, groups: tuple[str, ...]) -> str:
-    for g in groups:
-        if not g or any(c in g for c in '"\\\n'):
-            raise ConfigError(f"group: cannot be quoted in a PromQL label matcher: {g!r}")
-    return " or ".join(f'{metric}{{group="{g}"}}' for g in groups)
+    return " or ".join(f"{metric}{{group={quoted(g)}}}" for g in groups)
 
 
 def drainable_query(groups: tuple[str, ...]) -> str:

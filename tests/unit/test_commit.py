@@ -8,6 +8,7 @@ from typing import Literal, cast
 
 import pytest
 
+from kworkers.clock import Clock
 from kworkers.consumer.commit import (
     COMMIT_RETRY_WAITS,
     REBALANCE_WAITS,
@@ -181,3 +182,66 @@ def test_policy_interval_or_count() -> None:
         CommitPolicy(timeout_s=0)
     with pytest.raises(ConfigError, match="timeout_s"):
         CommitPolicy(timeout_s=float("nan"))
+
+
+class _Port:
+    """A consumer port that answers each commit with what ``answers`` says, in order."""
+
+    group = "g"
+
+    def __init__(self, *answers: BaseException | None) -> None:
+        self.answers = list(answers)
+        self.sent: list[dict[tuple[str, int], int]] = []
+        self.reports: list[tuple[dict[tuple[str, int], int], BaseException | None]] = []
+
+    def commit_async(self, positions: dict[tuple[str, int], int]) -> None:
+        self.sent.append(positions)
+        self.reports.append((positions, self.answers.pop(0)))
+
+    def commit_results(self) -> list[tuple[dict[tuple[str, int], int], BaseException | None]]:
+        out, self.reports = self.reports, []
+        return out
+
+    def is_rebalancing(self, error: BaseException) -> bool:
+        return False
+
+    def is_retryable(self, error: BaseException) -> bool:
+        return isinstance(error, Retryable)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_commit_latency_counts_from_the_first_attempt_to_the_outcome() -> None:
+    """``kworkers_commit_duration_seconds``: one observation per commit, spanning its retries
+    (a retryable refusal, the 100 ms backoff, the second attempt), on the injected clock."""
+    from kworkers.consumer.committer import Committer
+    from kworkers.consumer.partition import PartitionState
+    from kworkers.consumer.ports import ConsumerPort
+    from kworkers.metrics import Metrics
+
+    m, clock, port = Metrics(), _Clock(), _Port(Retryable("busy"), None)
+    committer = Committer(cast(ConsumerPort, port), m, "g", cast(Clock, clock), 10.0)
+    ps = PartitionState("t", 0)
+    ps.tracker.track_many([0, 1])
+    ps.tracker.complete_many([0, 1])
+    assert committer.start([ps], "periodic") is not None
+    clock.t += 0.03
+    assert committer.tick({ps.tp: ps}) == []     # refused: a retry is scheduled
+    clock.t += COMMIT_RETRY_WAITS[0]
+    committer.tick({ps.tp: ps})                  # the retry goes out
+    clock.t += 0.02
+    (done,) = committer.tick({ps.tp: ps})
+    assert done.outcome is CommitOutcome.COMMITTED and len(port.sent) == 2
+    assert m.registry.get_sample_value("kworkers_commit_duration_seconds_count",
+                                       {"group": "g"}) == 1
+    total = m.registry.get_sample_value("kworkers_commit_duration_seconds_sum", {"group": "g"})
+    assert total == pytest.approx(0.03 + COMMIT_RETRY_WAITS[0] + 0.02)

@@ -190,3 +190,27 @@ def test_under_processes_a_moved_partition_is_counted_once(tmp_path: Path) -> No
 def test_under_processes_canary_the_removed_series_stays_behind(tmp_path: Path) -> None:
     shown = _two_processes(tmp_path / "canary", True)
     assert [v for _l, v in shown["kworkers_drainable_lag"]] == [500.0]
+
+
+def test_a_tier_partition_shows_its_waiting_and_due_records() -> None:
+    """``kworkers_tier_waiting_records`` and ``kworkers_tier_due_records``: the gate's heap
+    against what is fetched and not completed; gone on revoke like the lag."""
+    r = CollectorRegistry()
+    names = (*NAMES, "kworkers_tier_waiting_records", "kworkers_tier_due_records")
+    g = [Gauge(n, n, ["group", "topic", "partition"], registry=r) for n in names]
+    view = LagView("g.retry", None, g[0], Figures(g[1], g[2], g[3], g[4], g[5]),
+                   cast(Clock, FixedClock(10_000.0)))
+    a = PartitionState("t.retry.1m", 0)
+    _fetched(a, 0, 30, 9_990.0, 0.0)
+    a.tracker.complete_many([0, 1, 2])        # 27 outstanding: 20 wait in the heap, 7 due
+    facts = Facts({a.tp: _hold(a.tp, Hold.NOT_DUE)}, waiting=lambda ps: 20)
+    view.report([a], cast(ConsumerPort, Ends({a.tp: 30})), facts)
+
+    def shown(name: str) -> dict[str, float]:
+        return {s.labels["partition"]: s.value for m in r.collect() for s in m.samples
+                if s.name == name}
+
+    assert shown("kworkers_tier_waiting_records") == {"0": 20.0}
+    assert shown("kworkers_tier_due_records") == {"0": 7.0}
+    view.forget([a.tp])
+    assert shown("kworkers_tier_waiting_records") == {} == shown("kworkers_tier_due_records")
