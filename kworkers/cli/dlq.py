@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kworkers.cli.options import client_options, console, registry_options
 from kworkers.kafka.settings import ClientSettings
@@ -177,14 +176,17 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
     Replayed dead letters are recorded in the compacted topic <dlq>.redriven, in the same
     Kafka transaction as the replay, so running a redrive twice, or again after a crash,
     never replays a dead letter twice; who ran it (your OS user), when, what and how it
-    ended go to <dlq>.audit. Lists each replay (the dead letter, its key and error type, where
-    it goes; with --dry-run, what would be replayed) and ends with
-    `redriven=N skipped_already=M selected=S`.
+    ended go to <dlq>.audit. Lists the replays (the dead letter, its key and error type, where
+    it goes; with --dry-run, what would be replayed: the first 200, then a count) and ends
+    with `redriven=N skipped_already=M selected=S`. A DLQ of any size is read once, in
+    chunks, in bounded memory; on a terminal a bar shows the DLQ records gone through, the
+    rate and the ETA.
 
     Replays go to the source topic the DLQ is named after (<source>.dlq), never where a dead
     letter's headers point: one whose recorded origin is another topic is refused with the
     reason (exit status 1) unless --to names the target.
     """
+    from kworkers.cli.bars import progress_bar
     from kworkers.dlq.audit import Actor
     from kworkers.dlq.format import replay_line
     from kworkers.dlq.redrive import BATCH_SIZE
@@ -194,9 +196,7 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
     flt = _filter(error_type, key, since, until, min_offset, max_offset)
     per_second = None if rate is None else parse_rate(rate)
     out = console()
-    with Progress(TextColumn("redrive {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=out, transient=True,
-                  disable=not out.is_terminal) as bar:
+    with progress_bar(out, "redrive", " records") as bar:
         task = bar.add_task(dlq_topic, total=None)
 
         def progress(done: int, total: int) -> None:
@@ -208,6 +208,10 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
     done = summary.replays if dry_run else summary.replays[:summary.redriven]
     for r in done:
         out.print(replay_line(r, dry_run), markup=False, soft_wrap=True)  # one line each
+    listed = summary.pending if dry_run else summary.redriven
+    if listed > len(done):
+        out.print(f"... and {listed - len(done)} more (the first {len(done)} are listed; "
+                  "`kworkers dlq list` lists every dead letter)", markup=False)
     if summary.targets:
         verb = "would replay" if dry_run else "replayed"
         for topic, n in sorted(summary.targets.items()):
@@ -216,5 +220,8 @@ def dlq_redrive(client: ClientSettings, dlq_topic: str, target: str | None, erro
         out.print(f"left {summary.unreadable} records that are not kworkers dead letters")
     for where, why in summary.refused:
         out.print(f"refused {where}: {why}", markup=False, soft_wrap=True)  # one line each
+    if summary.refused_total > len(summary.refused):
+        out.print(f"... and {summary.refused_total - len(summary.refused)} more refused",
+                  markup=False)
     click.echo(summary.line())
-    return 1 if summary.refused else 0
+    return 1 if summary.refused_total else 0

@@ -258,7 +258,7 @@ def create_app(settings: ConsoleSettings, *, jobs: Jobs | None = None,
         target = (request.query_params.get("to") or "").strip() or None
         got = plan_redrive(client, topic, flt, target)
         back = [(k, v) for k, v in flt.query() if k not in ("sel", "upto")]
-        return page(request, "plan.html", topic=topic, plan=got, rows=got.todo[:PLAN_ROWS],
+        return page(request, "plan.html", topic=topic, plan=got, rows=got.rows[:PLAN_ROWS],
                     rows_max=PLAN_ROWS,
                     hidden=[*got.filter.query(), *([("to", target)] if target else [])],
                     back=back, nav="dlq")

@@ -2,7 +2,8 @@
 
 A redrive can take minutes (a large DLQ, a ``rate``), longer than a browser waits for an
 answer, so the POST starts it here and redirects to a page that shows its progress (the
-redrive's own ``progress(done, total)`` callback) until it ends with the redrive's summary or
+redrive's own ``progress(done, total)`` callback: DLQ records gone through, with the rate and
+the time left) until it ends with the redrive's summary or
 its one-line error. One redrive per DLQ at a time: a second would only be fenced by the first's
 transactional id, so it is refused up front with a clear message instead.
 
@@ -42,6 +43,23 @@ class Job:
     summary: RedriveSummary | None = None
     error: str | None = None
     finished: float | None = None
+    #: when ``done`` was last reported
+    updated: float | None = None
+
+    @property
+    def rate(self) -> float | None:
+        """DLQ records gone through a second, on average since the start."""
+        if self.updated is None or self.updated <= self.started or not self.done:
+            return None
+        return self.done / (self.updated - self.started)
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at ``rate`` (None until there is one, or without a total)."""
+        rate = self.rate
+        if rate is None or self.total is None:
+            return None
+        return max(0.0, self.total - self.done) / rate
 
 
 @dataclass
@@ -79,7 +97,7 @@ class Jobs:
                 del self._jobs[old.id]
 
         def progress(n: int, total: int) -> None:
-            self._update(job.id, done=n, total=total)
+            self._update(job.id, done=n, total=total, updated=self.clock())
 
         def work() -> None:
             try:
@@ -88,8 +106,10 @@ class Jobs:
                 self._update(job.id, state="failed", finished=self.clock(),
                              error=redact(" ".join(f"{type(exc).__name__}: {exc}".split())))
                 return
+            now = self.get(job.id)
+            total = None if now is None else now.total  # the whole span was gone through
             self._update(job.id, state="done", summary=summary, finished=self.clock(),
-                         done=summary.redriven)
+                         done=summary.read if total is None else total)
 
         threading.Thread(target=work, name=f"kworkers-console-redrive-{job.id}",
                          daemon=True).start()

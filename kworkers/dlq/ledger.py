@@ -2,10 +2,11 @@
 
 Every replay a redrive committed has a marker there, in the same transaction as the replay,
 keyed ``<dlq>/<partition>/<offset>`` (``redrive_plan.ledger_key``), whose JSON value says where
-it went and when (``redrive._produce_marker``). The redrive reads the keys to never replay a
-dead letter twice; ``dlq list``, ``dlq show`` and the console read the markers to say a dead
-letter was redriven already. A marker that does not parse is kept with the reason, never
-dropped (its key still counts as replayed).
+it went and when (``replayer._produce_marker``). The redrive reads the keys to never replay a
+dead letter twice (as one bit per DLQ offset: ``kworkers.dlq.replayed``); ``dlq list``,
+``dlq show`` and the console read the markers to say a dead letter was redriven already. A
+marker that does not parse is kept with the reason, never dropped (its key still counts as
+replayed).
 """
 
 from __future__ import annotations
@@ -74,8 +75,3 @@ def read_marks(client: ClientSettings | str, dlq: str) -> dict[str, Replayed]:
         return {}
     marks = (parse_marker(m) for m in scan(client, name).messages)
     return {r.key: r for r in sorted(marks, key=lambda r: r.ledger_offset)}
-
-
-def read_ledger(client: ClientSettings | str, dlq: str) -> set[str]:
-    """The dead letters already replayed (committed markers only); empty without a ledger."""
-    return set(read_marks(client, dlq))

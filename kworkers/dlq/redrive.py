@@ -9,9 +9,11 @@ one Kafka transaction:
 1. ``init_transactions`` with ``transactional.id = kworkers-redrive-<dlq>``. This fences any
    other redrive of the same DLQ still running and aborts the transaction a crashed one left
    open, so what follows sees a settled ledger.
-2. Read the ledger (``read_committed``) to its end into a set.
-3. For each selected dead letter not in the set, in batches: begin; produce the replay (the
-   original key and value, ``redrive_headers``: attempt 1 and ``kw-redrive-of``) and the
+2. Pin the DLQ's end (``reader.watermarks``), and read the ledger (``read_committed``) to its
+   end as one bit per DLQ offset (``replayed.ReplayedOffsets``).
+3. Read the DLQ once, in chunks (``sweep``); each selected dead letter not in the ledger goes
+   to the ``replayer``, which commits them in batches: begin; produce each replay (the
+   original key and value, ``redrive_headers``: attempt 1 and ``kw-redrive-of``) and its
    marker; commit.
 
 A crash before a commit aborts replays and markers together: the workers consume with
@@ -24,6 +26,11 @@ A replay to its original topic goes to its original partition, not wherever this
 partitioner would put the key: librdkafka's default partitioner is not Java's, and the key's
 other records (and its order) live on the original partition.
 
+Memory is bounded whatever the DLQ's size (issue #50; before it the DLQ, the ledger's keys
+and every replay were held at once): a chunk of records and librdkafka's read-ahead (8 MiB),
+one bit per DLQ offset for the ledger (125 KB a million dead letters), one batch of replays,
+and the summary's counts with a sample of ``SAMPLE`` replays and refusals (``sweep``).
+
 Every redrive that is not a dry run is also written down for people: who started it, through
 what, when, which selection, and how it ended, in ``<dlq>.audit`` (``kworkers.dlq.audit``),
 by the same transactional producer, before the first replay and after the last commit.
@@ -32,12 +39,10 @@ by the same transactional producer, before the first replay and after the last c
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kworkers.dlq.audit import (
     Actor,
@@ -48,33 +53,27 @@ from kworkers.dlq.audit import (
     runs,
     start_entry,
 )
-from kworkers.dlq.ledger import read_ledger
-from kworkers.dlq.reader import read_dlq
-from kworkers.dlq.redrive_plan import RedriveFilter, Replay, check_target, ledger_key, plan
-from kworkers.errors import ConfigError, KworkersError, TransactionAborted, TransactionFailed
+from kworkers.dlq.redrive_plan import RedriveFilter, Refused, Replay, check_target, ledger_key
+from kworkers.dlq.replayed import read_replayed
+from kworkers.dlq.replayer import (
+    BATCH_SIZE,
+    CRASH_AFTER_ENV,
+    CRASH_EXIT_CODE,
+    RedriveError,
+    Replayer,
+)
+from kworkers.dlq.sweep import SAMPLE, Progress, Tally, sweep
+from kworkers.errors import ConfigError, TransactionAborted, TransactionFailed
 from kworkers.kafka import clients
 from kworkers.kafka.admin import create_topics
-from kworkers.kafka.reader import scan
+from kworkers.kafka.reader import scan, watermarks
 from kworkers.kafka.settings import ClientSettings, as_client
 from kworkers.kafka.transactions import Transactions
-from kworkers.message import Message
-from kworkers.retry_tiers.headers import redrive_headers
 from kworkers.topic_names import audit_topic, check_dlq, ledger_topic
 from kworkers.topic_plan import TopicSpec
 
-#: Dead letters per transaction: large enough to amortise the commit round trip, small enough
-#: that a crash costs little to redo.
-BATCH_SIZE = 100
-#: Env variable behind the hidden ``--crash-after``: exit hard after N replays, mid-transaction.
-CRASH_AFTER_ENV = "KWORKERS_REDRIVE_CRASH_AFTER"
-CRASH_EXIT_CODE = 3
-
-Progress = Callable[[int, int], None]
-"""``progress(done, total)``: called as replays are committed (and once at the start)."""
-
-
-class RedriveError(KworkersError):
-    """The redrive stopped: a transaction failed for good (fenced, or the broker refused)."""
+__all__ = ["BATCH_SIZE", "CRASH_AFTER_ENV", "CRASH_EXIT_CODE", "SAMPLE", "Progress",
+           "RedriveError", "RedriveSummary", "read_audit", "redrive", "transactional_id"]
 
 
 def transactional_id(dlq: str) -> str:
@@ -84,10 +83,11 @@ def transactional_id(dlq: str) -> str:
 @dataclass(frozen=True)
 class RedriveSummary:
     """What a redrive did. ``selected`` = matched the filter; of those, ``skipped_already``
-    were in the ledger, ``refused`` (ledger key, reason) have no trustworthy default target
-    (see ``redrive_plan.redrive_target``) and ``redriven`` were replayed now (or would be, in a
+    were in the ledger, ``refused_total`` have no trustworthy default target (see
+    ``redrive_plan.redrive_target``) and ``redriven`` were replayed now (or would be, in a
     dry run: ``pending``). ``unreadable`` DLQ records are not kworkers dead letters and were
-    left."""
+    left. ``replays`` and ``refusals`` are samples: the first ``SAMPLE`` of each, in DLQ order
+    per partition (a redrive of a million keeps counts, not a million items)."""
 
     dlq: str
     selected: int
@@ -97,20 +97,38 @@ class RedriveSummary:
     dry_run: bool
     unreadable: int = 0
     targets: dict[str, int] = field(default_factory=dict)
-    refused: tuple[tuple[str, str], ...] = ()
-    #: what was replayed (or would be, in a dry run), in DLQ order
+    #: the first ``SAMPLE`` refused, with the reason
+    refusals: tuple[Refused, ...] = ()
+    #: the first ``SAMPLE`` replayed (or that would be, in a dry run)
     replays: tuple[Replay, ...] = ()
+    refused_total: int = 0
+    #: DLQ records read, and the end each partition was read to
+    read: int = 0
+    ends: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def refused(self) -> tuple[tuple[str, str], ...]:
+        """(ledger key, reason) of the sampled refusals."""
+        return tuple((ledger_key(r.dead), r.reason) for r in self.refusals)
 
     def line(self) -> str:
         """The summary line the CLI ends with (stable: scripts parse it; ``refused=N`` only
         when some were)."""
         text = (f"redriven={self.redriven} skipped_already={self.skipped_already} "
                 f"selected={self.selected}")
-        if self.refused:
-            text += f" refused={len(self.refused)}"
+        if self.refused_total:
+            text += f" refused={self.refused_total}"
         if self.dry_run:
             text += f" would_redrive={self.pending} (dry run: nothing was produced)"
         return text
+
+    @classmethod
+    def of(cls, dlq: str, tally: Tally, dry_run: bool, redriven: int,
+           ends: Mapping[int, int]) -> RedriveSummary:
+        return cls(dlq, tally.selected, redriven, tally.skipped_already,
+                   tally.todo if dry_run else tally.todo - redriven, dry_run, tally.unreadable,
+                   dict(tally.targets), tuple(tally.refusals), tuple(tally.replays),
+                   tally.refused, tally.read, tuple(sorted(ends.items())))
 
 
 def redrive(
@@ -132,8 +150,8 @@ def redrive(
     ``target``: the topic to replay to (default: the source ``dlq`` is the DLQ of; a dead letter
     whose recorded origin disagrees is then refused, see ``redrive_plan.redrive_target``).
     ``rate``: at most this many replays per second. ``crash_after`` (tests only; also read
-    from ``KWORKERS_REDRIVE_CRASH_AFTER``): exit the process with status 3 after producing
-    that many replays inside an open transaction, to prove a crash is harmless. ``actor``:
+    from ``KWORKERS_REDRIVE_CRASH_AFTER``): SIGKILL the process after producing that many
+    replays inside an open transaction, to prove a crash is harmless. ``actor``:
     who the audit names (default: this process's OS user, through ``api``); ``selection``:
     the selection in the audit's words (default: ``filter`` and ``target`` described).
     """
@@ -179,29 +197,28 @@ def redrive(
             raise RedriveError(f"redrive of {dlq} could not start its transaction: {exc}"
                                ) from None
 
-    contents = read_dlq(settings, dlq)
-    done = read_ledger(settings, dlq)
-    p = plan(dlq, contents.dead_letters, flt, done, target, have)
-    todo = p.todo
-    if progress is not None:
-        progress(0, len(todo))
-    refused = tuple((ledger_key(r.dead), r.reason) for r in p.refused)
-    summary = RedriveSummary(dlq, len(p.selected), 0, p.skipped_already, len(todo), dry_run,
-                             len(contents.unreadable), dict(Counter(r.topic for r in todo)),
-                             refused, tuple(todo))
+    spans = watermarks(settings, dlq)  # the end is pinned: later dead letters wait
+    done = read_replayed(settings, dlq, spans)
+    ends = {p: hi for p, (_lo, hi) in spans.items()}
+    total = sum(max(0, hi - lo) for lo, hi in spans.values())
     if dry_run:
-        return summary
+        tally = sweep(settings, dlq, flt, target, have, spans, done, None, progress)
+        if progress is not None:
+            progress(total, total)
+        return RedriveSummary.of(dlq, tally, True, 0, ends)
     assert txn is not None
-    if todo:
-        size = batch_size if rate is None else max(1, min(batch_size, int(rate)))
-        try:
-            sent = _replay(txn, dlq, todo, size, rate, progress, crash_after)
-        except RedriveError as exc:
-            # a fenced producer cannot write it: the audit then shows a run that never ended
-            with contextlib.suppress(TransactionAborted, TransactionFailed):
-                _audit(txn, dlq, end_entry(run, who, time.time(), None, str(exc)))
-            raise
-        summary = replace(summary, redriven=sent, pending=0)
+    replayer = Replayer(txn, dlq, batch_size, rate, crash_after)
+    try:
+        tally = sweep(settings, dlq, flt, target, have, spans, done, replayer.add, progress)
+        replayer.finish()
+    except RedriveError as exc:
+        # a fenced producer cannot write it: the audit then shows a run that never ended
+        with contextlib.suppress(TransactionAborted, TransactionFailed):
+            _audit(txn, dlq, end_entry(run, who, time.time(), None, str(exc)))
+        raise
+    if progress is not None:
+        progress(total, total)
+    summary = RedriveSummary.of(dlq, tally, False, replayer.committed, ends)
     try:
         _audit(txn, dlq, end_entry(run, who, time.time(), summary.line()))
     except (TransactionAborted, TransactionFailed) as exc:
@@ -224,55 +241,3 @@ def read_audit(client: ClientSettings | str, dlq: str) -> list[AuditRun]:
     if name not in clients.list_topics(client):
         return []
     return runs((m.key, m.value) for m in scan(client, name).messages)
-
-
-def _replay(txn: Transactions, dlq: str, todo: Sequence[Replay], size: int,
-            rate: float | None, progress: Progress | None, crash_after: int | None) -> int:
-    ledger = ledger_topic(dlq)
-    produced = committed = 0
-    started = time.monotonic()
-    for i in range(0, len(todo), size):
-        batch = todo[i:i + size]
-        for attempt in range(3):
-            try:
-                txn.begin()
-                for r in batch:
-                    if rate is not None:
-                        # replays so far at the rate asked for, never faster
-                        ahead = produced / rate - (time.monotonic() - started)
-                        if ahead > 0:
-                            time.sleep(ahead)
-                    _produce(txn, r)
-                    produced += 1
-                    if crash_after is not None and produced >= crash_after:
-                        txn.flush(30)  # the replays are in the log, uncommitted
-                        os._exit(CRASH_EXIT_CODE)
-                    _produce_marker(txn, ledger, r)
-                txn.commit()
-                break
-            except TransactionAborted as exc:
-                produced -= len(batch)  # nothing of this batch is visible: send it again
-                if attempt < 2:
-                    continue
-                raise RedriveError(f"redrive of {dlq} stopped after {committed} replays: "
-                                   f"{exc}") from None
-            except TransactionFailed as exc:
-                raise RedriveError(f"redrive of {dlq} stopped after {committed} replays: "
-                                   f"{exc}") from None
-        committed += len(batch)
-        if progress is not None:
-            progress(committed, len(todo))
-    return committed
-
-
-def _produce(txn: Transactions, r: Replay) -> None:
-    d = r.dead
-    dead_msg = Message(d.dlq_topic, d.dlq_partition, d.dlq_offset, d.key, d.value, d.headers)
-    txn.produce(r.topic, d.key, d.value, list(redrive_headers(dead_msg)), r.partition)
-
-
-def _produce_marker(txn: Transactions, ledger: str, r: Replay) -> None:
-    d = r.dead
-    marker = {"target": r.topic, "partition": r.partition, "at_ms": round(time.time() * 1000),
-              "original": f"{d.original_topic}/{d.original_partition}/{d.original_offset}"}
-    txn.produce(ledger, ledger_key(d).encode(), json.dumps(marker).encode())

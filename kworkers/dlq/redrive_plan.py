@@ -135,10 +135,30 @@ class RedrivePlan:
         return len(self.selected) - len(self.todo) - len(self.refused)
 
 
+def decide(dlq: str, d: DeadLetter, to: str | None,
+           partitions: Mapping[str, int]) -> Replay | Refused:
+    """Where a selected dead letter that no redrive replayed yet goes: its ``Replay``, or why it
+    is ``Refused``. ``ConfigError`` when its target does not exist (every replay of one redrive
+    goes to one target, ``to`` or the DLQ's source: the first replay finds it missing, before
+    anything was produced)."""
+    target = redrive_target(dlq, d, to)
+    if isinstance(target, Refused):
+        return target
+    n = partitions.get(target)
+    if n is None:
+        raise ConfigError(
+            f"redrive target topic {target!r} does not exist (dead letter "
+            f"{ledger_key(d)}); create it or pass --to")
+    same = target == d.original_topic and d.original_partition < n
+    return Replay(d, target, d.original_partition if same else None)
+
+
 def plan(dlq: str, dead_letters: Collection[DeadLetter], flt: RedriveFilter,
          done: Collection[str], to: str | None, partitions: Mapping[str, int]) -> RedrivePlan:
     """The whole redrive, given the DLQ's dead letters, the ledger (``done``: ledger keys
     already replayed), the operator's ``to`` and the topics that exist (name -> partitions).
+    (The redrive itself decides each dead letter as it reads it, ``sweep``; this is the same
+    decision over a list, for tests and small callers.)
 
     ``ConfigError`` when ``to`` is not a topic a replay may go to, or a target does not exist.
     """
@@ -150,15 +170,9 @@ def plan(dlq: str, dead_letters: Collection[DeadLetter], flt: RedriveFilter,
     for d in selected:
         if ledger_key(d) in done:
             continue
-        target = redrive_target(dlq, d, to)
-        if isinstance(target, Refused):
-            refused.append(target)
-            continue
-        n = partitions.get(target)
-        if n is None:
-            raise ConfigError(
-                f"redrive target topic {target!r} does not exist (dead letter "
-                f"{ledger_key(d)}); create it or pass --to")
-        same = target == d.original_topic and d.original_partition < n
-        todo.append(Replay(d, target, d.original_partition if same else None))
+        got = decide(dlq, d, to, partitions)
+        if isinstance(got, Refused):
+            refused.append(got)
+        else:
+            todo.append(got)
     return RedrivePlan(selected, todo, refused)

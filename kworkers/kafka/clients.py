@@ -81,9 +81,10 @@ def share_consumer(client: ClientSettings | str, group: str,
     return _build(ShareConsumer, share_consumer_settings(c, group, overrides), c)
 
 
-def reader(client: ClientSettings | str, group: str = "kworkers-reader") -> Consumer:
+def reader(client: ClientSettings | str, group: str = "kworkers-reader",
+           read_ahead_kb: int | None = None) -> Consumer:
     c = as_client(client)
-    return _build(Consumer, reader_settings(c, group), c)
+    return _build(Consumer, reader_settings(c, group, read_ahead_kb), c)
 
 
 def transactional_producer(client: ClientSettings | str, transactional_id: str,

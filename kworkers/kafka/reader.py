@@ -16,7 +16,7 @@ a topic that is not there), with one line of text an operator can act on.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,12 @@ from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka.clients import CONNECT_TIMEOUT, reader, require_topic, unreachable
 from kworkers.kafka.settings import ClientSettings, as_client
 from kworkers.message import Headers, Message
+
+#: records per chunk of a ``stream`` (and per ``consume`` of any read)
+CHUNK = 500
+#: what librdkafka may fetch ahead of a ``stream``, in KiB: with one chunk in hand, the
+#: memory a read of a topic of any size takes
+STREAM_READ_AHEAD_KB = 8192
 
 
 class ReadTimeout(KworkersError):
@@ -71,7 +77,8 @@ def scan(
 
     The end of each partition is fixed when the scan starts, so a busy topic still yields a
     finite read. ``limit`` caps the records read per partition (``truncated`` says where it
-    did). Nothing is committed and no group is joined.
+    did). Nothing is committed and no group is joined. Everything read is held at once: for
+    a topic of any size, ``stream`` it instead.
     """
     settings = as_client(client)
     n = require_topic(settings, topic)
@@ -91,7 +98,9 @@ def scan(
                 assign.append(TopicPartition(topic, p, first if first > lo else OFFSET_BEGINNING))
         if not assign:
             return out
-        _read(c, topic, assign, out, limit, timeout)
+        for chunk in _read(c, topic, assign, out.ends, limit, out.truncated, timeout,
+                           idle=False):
+            out.messages.extend(chunk)
     except KafkaException as exc:
         raise unreachable(settings, exc) from None
     finally:
@@ -100,8 +109,57 @@ def scan(
     return out
 
 
-def _read(c: Consumer, topic: str, assign: list[TopicPartition], out: Scan,
-          limit: int | None, timeout: float) -> None:
+def watermarks(client: ClientSettings | str, topic: str) -> dict[int, tuple[int, int]]:
+    """``(low, high)`` of each partition of ``topic`` now: the span a read started now covers
+    (for ``read_committed`` the high end is the last stable offset). ``TopicNotFound`` when
+    there is no such topic."""
+    settings = as_client(client)
+    n = require_topic(settings, topic)
+    c = reader(settings)
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        for p in range(n):
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=CONNECT_TIMEOUT)
+            out[p] = (lo, hi)
+        return out
+    except KafkaException as exc:
+        raise unreachable(settings, exc) from None
+    finally:
+        c.close()
+
+
+def stream(client: ClientSettings | str, topic: str, spans: Mapping[int, tuple[int, int]], *,
+           idle_timeout: float = 60.0) -> Iterator[list[Message]]:
+    """The committed records of ``topic`` in ``spans`` (``partition: (start, end)``, the end
+    pinned by the caller, e.g. from ``watermarks``), in chunks as they are read: each
+    partition in offset order, the partitions interleaved.
+
+    Why chunks and not ``scan``: a DLQ or a ledger can hold millions of records, and a tool
+    that reads one to act on each record needs none of them after it acted. Held at once:
+    the chunk in hand (at most ``CHUNK`` records) and what librdkafka fetched ahead
+    (``STREAM_READ_AHEAD_KB``, plus one fetch), whatever the topic's size. ``ReadTimeout``
+    when no record arrives for ``idle_timeout`` seconds before every partition reached its
+    end (a read of any length still ends, but is never cut short for being long).
+    """
+    settings = as_client(client)
+    ends = {p: hi for p, (_lo, hi) in spans.items()}
+    assign = [TopicPartition(topic, p, lo) for p, (lo, hi) in sorted(spans.items()) if lo < hi]
+    if not assign:
+        return
+    c = reader(settings, read_ahead_kb=STREAM_READ_AHEAD_KB)
+    try:
+        yield from _read(c, topic, assign, ends, None, set(), idle_timeout, idle=True)
+    except KafkaException as exc:
+        raise unreachable(settings, exc) from None
+    finally:
+        c.close()
+
+
+def _read(c: Consumer, topic: str, assign: list[TopicPartition], ends: Mapping[int, int],
+          limit: int | None, truncated: set[int], timeout: float, *,
+          idle: bool) -> Iterator[list[Message]]:
+    """The records of ``assign`` up to ``ends``, a chunk per ``consume``. ``timeout`` bounds
+    the whole read, or (``idle``) the wait for the next record."""
     c.assign(assign)
     pending = {tp.partition for tp in assign}
     counts = dict.fromkeys(pending, 0)
@@ -109,8 +167,10 @@ def _read(c: Consumer, topic: str, assign: list[TopicPartition], out: Scan,
     while pending:
         if time.monotonic() > deadline:
             raise ReadTimeout(f"reading {topic} partitions {sorted(pending)} did not reach the "
-                              f"end within {timeout:.0f}s")
-        for m in c.consume(500, 0.5):
+                              f"end within {timeout:.0f}s"
+                              + (" of the last record read" if idle else ""))
+        chunk: list[Message] = []
+        for m in c.consume(CHUNK, 0.5):
             p = m.partition() or 0
             if p not in pending:
                 continue
@@ -124,19 +184,23 @@ def _read(c: Consumer, topic: str, assign: list[TopicPartition], out: Scan,
                     raise KafkaException(err)
                 continue
             offset = m.offset() or 0
-            if offset >= out.ends[p]:
+            if offset >= ends[p]:
                 pending.discard(p)
                 continue
-            out.messages.append(to_message(m))
+            chunk.append(to_message(m))
             counts[p] += 1
-            if offset >= out.ends[p] - 1:
+            if offset >= ends[p] - 1:
                 pending.discard(p)
             elif limit is not None and counts[p] >= limit:
-                out.truncated.add(p)
+                truncated.add(p)
                 pending.discard(p)
         done = [TopicPartition(topic, p) for p in counts if p not in pending]
         if done:
             c.pause(done)
+        if chunk:
+            if idle:
+                deadline = time.monotonic() + timeout
+            yield chunk
 
 
 def read_record(client: ClientSettings | str, topic: str, partition: int,

@@ -297,15 +297,21 @@ def admin_settings(client: ClientSettings | str) -> dict[str, Any]:
     return _config(client, {"log_level": 0}, None, {})
 
 
-def reader_settings(client: ClientSettings | str, group: str = "kworkers-reader"
-                    ) -> dict[str, Any]:
+def reader_settings(client: ClientSettings | str, group: str = "kworkers-reader",
+                    read_ahead_kb: int | None = None) -> dict[str, Any]:
     """A reader that assigns partitions itself and never commits: it moves nobody's offsets.
 
     ``group`` is only used to look committed offsets up (``kworkers lag``); a plain read
     joins no group. ``read_committed`` like the workers, so an aborted write is invisible
-    here as it is to them.
+    here as it is to them. ``read_ahead_kb`` caps what librdkafka fetches ahead of the
+    reader (its queue, and one fetch), for a read of a topic of any size in bounded memory
+    (``reader.stream``); unset, librdkafka's defaults (64 MiB queued, 50 MiB a fetch).
     """
-    return _config(client, {"auto.offset.reset": "earliest", "log_level": 0}, None, {
+    ahead: dict[str, Any] = {} if read_ahead_kb is None else {
+        "queued.max.messages.kbytes": read_ahead_kb,
+        # at least a record of the largest size a broker accepts by default
+        "fetch.max.bytes": max(read_ahead_kb * 1024, 1_048_576)}
+    return _config(client, {"auto.offset.reset": "earliest", "log_level": 0, **ahead}, None, {
         "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
         "enable.partition.eof": True, "isolation.level": "read_committed",
     })

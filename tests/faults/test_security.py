@@ -40,7 +40,7 @@ from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 from kworkers import TierLadder, Worker, WorkerConfig
 from kworkers.deploy import render
 from kworkers.dlq.audit import Actor
-from kworkers.dlq.redrive import read_audit
+from kworkers.dlq.redrive import CRASH_EXIT_CODE, read_audit
 from kworkers.kafka.admin import TopicSpec, admin_client, create_topics, existing_topics
 from kworkers.kafka.settings import ENV_PROPERTIES
 from kworkers.testing.broker import Security, broker_from_env, free_port
@@ -735,7 +735,7 @@ def test_every_redrive_is_audited_and_the_console_shows_it_after_a_restart(
     # a redrive killed between its replay and its commit
     code, out, err = done(kworkers("dlq", "redrive", "--dlq", d.dlq, "--key", k3, *args,
                                    env={**env, "KWORKERS_REDRIVE_CRASH_AFTER": "1"}))
-    assert code == 3, (out, err)
+    assert code == CRASH_EXIT_CODE, (out, err)
     # the console, with a token per operator: bob redrives
     tokens = tmp_path / "tokens"
     tokens.write_text(f"alice:{CONSOLE_ALICE}\nbob:{CONSOLE_BOB}\n")

@@ -5,7 +5,8 @@ and its tier ``orders.retry.5s``) and one forged to name ``victim``. The console
 and the CLI's redrive (a dry run, the same I/O seams faked) must replay the first two to
 ``orders``, refuse the forged one with the same reason, and replay all three to a target the
 operator names; a tier or DLQ as that target is a 400 naming why. Without a broker: the DLQ,
-ledger and topic list are what the functions would read back.
+ledger and topic list are what the functions would read back (the DLQ's one pass, its span and
+the ledger's bits).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from kworkers.console import redrive as console_redrive
 from kworkers.console.dlq_filter import ConsoleFilter
 from kworkers.console.settings import ConsoleSettings
 from kworkers.dlq import redrive as cli_redrive
-from kworkers.dlq.reader import DlqContents
+from kworkers.dlq import sweep
+from kworkers.dlq.reader import Unreadable
 from kworkers.dlq.record import DeadLetter
+from kworkers.dlq.replayed import ReplayedOffsets
 from kworkers.kafka import clients
 from kworkers.kafka.settings import ClientSettings
 from kworkers.message import Message
@@ -53,17 +56,20 @@ DEAD = [_dead(0, "orders"), _dead(1, "orders.retry.5s"), _dead(2, "victim")]
 
 @pytest.fixture
 def broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reads both redrives make, answered from ``DEAD`` and ``TOPICS``."""
+    """The reads both redrives make (one pass: ``kworkers.dlq.sweep``), answered from ``DEAD``
+    and ``TOPICS``."""
     def topics(*_a: object, **_k: object) -> dict[str, int]:
         return dict(TOPICS)
 
-    def dlq(*_a: object, **_k: object) -> DlqContents:
-        return DlqContents(DLQ, list(DEAD))
+    def dlq(*_a: object, **_k: object) -> Iterator[list[DeadLetter | Unreadable]]:
+        yield list(DEAD)
 
+    spans = {0: (0, len(DEAD))}
     monkeypatch.setattr(clients, "list_topics", topics)
-    for module in (console_redrive, cli_redrive):
-        monkeypatch.setattr(module, "read_dlq", dlq)
-        monkeypatch.setattr(module, "read_ledger", lambda *_a, **_k: set())
+    monkeypatch.setattr(sweep, "stream_dlq", dlq)
+    monkeypatch.setattr(cli_redrive, "watermarks", lambda *_a, **_k: spans)
+    monkeypatch.setattr(cli_redrive, "read_replayed",
+                        lambda *_a, **_k: ReplayedOffsets(spans))
 
 
 @pytest.fixture
@@ -120,9 +126,10 @@ def test_console_plan_and_cli_redrive_agree(broker: None) -> None:
         page = console_redrive.plan_redrive(client, DLQ, ConsoleFilter(), to)
         cli = cli_redrive.redrive(client, DLQ, to, dry_run=True)
         assert cli.targets == page.targets
-        assert cli.pending == len(page.todo) and cli.selected == len(page.selected)
+        assert cli.pending == page.pending and cli.selected == page.selected
         assert list(cli.refused) == [(f"{DLQ}/0/{r.dead.dlq_offset}", r.reason)
                                      for r in page.refused]
+        assert cli.refused_total == page.refused_total == len(page.refused)
     assert len(page.refused) == 0 and page.targets == {"victim": 3}
 
 

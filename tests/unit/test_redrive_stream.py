@@ -1,0 +1,139 @@
+"""The redrive's one pass, without a broker: the ledger as bits, the pass's counts and samples,
+and the bar's rate and ETA (issue #50: a DLQ of any size in bounded memory)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+from rich.console import Console
+from rich.progress import Task
+
+from kworkers.cli.bars import RateColumn, progress_bar
+from kworkers.console.jobs import Job
+from kworkers.dlq import DeadLetter, RedriveFilter, sweep
+from kworkers.dlq.reader import Unreadable
+from kworkers.dlq.redrive import RedriveSummary
+from kworkers.dlq.redrive_plan import Replay, ledger_key
+from kworkers.dlq.replayed import ReplayedOffsets, coordinates
+from kworkers.errors import ConfigError
+from kworkers.message import Message
+
+BASE = DeadLetter(
+    dlq_topic="orders.dlq", dlq_partition=0, dlq_offset=0, original_topic="orders",
+    original_partition=1, original_offset=7, key=b"k", value=b"v", attempts=3,
+    error_type="Timeout", error_message="slow", first_failure_at=1.0, last_failure_at=2.0,
+    dead_lettered_at=3.0, reason="exhausted", group="g", headers=())
+
+
+def test_replayed_offsets_keep_a_bit_per_offset_of_the_span() -> None:
+    done = ReplayedOffsets({0: (1_000, 1_000_000), 1: (0, 10)})
+    assert done.nbytes == (999_000 + 7) // 8 + 2  # 125 KB a million dead letters
+    assert done.add(0, 1_000) and done.add(0, 999_999) and done.add(1, 9)
+    assert not done.add(0, 1_000)  # marked already
+    assert not done.add(0, 999) and not done.add(0, 1_000_000)  # outside the span
+    assert not done.add(2, 0)  # a partition the span does not have
+    assert len(done) == 3
+    assert done.has(0, 1_000) and done.has(0, 999_999) and done.has(1, 9)
+    assert not done.has(0, 1_001) and not done.has(1, 8) and not done.has(5, 1)
+    assert not done.has(0, 999) and not done.has(1, 10)
+
+
+def test_a_ledger_key_is_read_as_its_coordinates_of_this_dlq_only() -> None:
+    key = ledger_key(dataclasses.replace(BASE, dlq_partition=3, dlq_offset=42)).encode()
+    assert coordinates(key, "orders.dlq") == (3, 42)
+    assert coordinates(b"other.dlq/3/42", "orders.dlq") is None
+    assert coordinates(b"orders.dlq/x/42", "orders.dlq") is None
+    assert coordinates(None, "orders.dlq") is None
+    assert coordinates(b"run-1/start", "orders.dlq") is None
+
+
+def _stream(n: int, partitions: int = 2) -> Iterator[list[DeadLetter | Unreadable]]:
+    """``n`` dead letters over ``partitions``, in chunks of 7, offset 5 of each partition a
+    record that is not a dead letter."""
+    items: list[DeadLetter | Unreadable] = []
+    for i in range(n):
+        p, o = i % partitions, i // partitions
+        if o == 5:
+            items.append(Unreadable(Message("orders.dlq", p, o, None, b"x"), "not ours"))
+            continue
+        origin = "elsewhere" if o % 4 == 3 else "orders"
+        items.append(dataclasses.replace(BASE, dlq_partition=p, dlq_offset=o,
+                                         original_topic=origin,
+                                         error_type="Boom" if o % 2 else "Timeout"))
+    for i in range(0, len(items), 7):
+        yield items[i:i + 7]
+
+
+def test_a_pass_counts_everything_and_keeps_a_bounded_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 2 * sweep.SAMPLE * 3
+    spans = {0: (0, n // 2), 1: (0, n // 2)}
+    monkeypatch.setattr(sweep, "stream_dlq", lambda *_a, **_k: _stream(n))
+    done = ReplayedOffsets(spans)
+    for o in range(0, 40):
+        done.add(0, o)
+    sent: list[Replay] = []
+    seen: list[tuple[int, int]] = []
+    tally = sweep.sweep("x:1", "orders.dlq", RedriveFilter(), None, {"orders": 3}, spans,
+                        done, sent.append, lambda d, t: seen.append((d, t)))
+    assert tally.read == n and tally.unreadable == 2
+    assert tally.selected == n - 2
+    assert tally.skipped_already == 40 - 1  # offset 5 of partition 0 is no dead letter
+    refused = sum(1 for p in (0, 1) for o in range(n // 2) if o % 4 == 3
+                  and not (p == 0 and o < 40))
+    assert tally.refused == refused and len(tally.refusals) == sweep.SAMPLE
+    assert tally.todo == len(sent) == n - 2 - 39 - refused
+    assert tally.targets == {"orders": tally.todo}
+    assert tally.replays == sent[:sweep.SAMPLE]  # the sample is the first ones, in order
+    assert {(r.topic, r.partition) for r in sent} == {("orders", 1)}
+    assert seen[0] == (0, n) and seen[-1] == (n, n)  # DLQ records gone through, of the span
+    assert [d for d, _t in seen] == sorted(d for d, _t in seen)
+
+    # a filter, and the summary the CLI and the console show
+    monkeypatch.setattr(sweep, "stream_dlq", lambda *_a, **_k: _stream(n))
+    boom = sweep.sweep("x:1", "orders.dlq", RedriveFilter(error_type="Boom"), None,
+                       {"orders": 3}, spans, ReplayedOffsets(spans))
+    assert boom.selected == sum(1 for p in (0, 1) for o in range(n // 2) if o % 2 and o != 5)
+    s = RedriveSummary.of("orders.dlq", tally, True, 0, {0: n // 2, 1: n // 2})
+    assert s.pending == tally.todo and s.refused_total == refused
+    assert len(s.refused) == sweep.SAMPLE and s.refused[0][0] == "orders.dlq/1/3"
+    assert s.line().endswith(f"refused={refused} would_redrive={tally.todo} (dry run: "
+                             "nothing was produced)")
+    assert s.ends == ((0, n // 2), (1, n // 2)) and s.read == n
+
+
+def test_a_missing_target_stops_the_pass_before_anything_is_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "stream_dlq", lambda *_a, **_k: _stream(20))
+    sent: list[Replay] = []
+    with pytest.raises(ConfigError, match="target topic 'orders' does not exist"):
+        sweep.sweep("x:1", "orders.dlq", RedriveFilter(), None, {}, {0: (0, 10), 1: (0, 10)},
+                    ReplayedOffsets({}), sent.append)
+    assert sent == []
+
+
+def test_the_bar_shows_rate_and_eta() -> None:
+    now = [0.0]
+    out = Console(force_terminal=True, width=160)
+    bar = progress_bar(out, "redrive", " records")
+    bar.get_time = lambda: now[0]
+    task_id = bar.add_task("orders.dlq", total=1_000_000)
+    task: Task = bar.tasks[0]
+    assert str(RateColumn(" records").render(task)) == "- records/s"
+    now[0] = 10.0
+    bar.update(task_id, completed=100_000)
+    now[0] = 20.0
+    bar.update(task_id, completed=200_000)
+    assert str(RateColumn(" records").render(task)) == "10,000 records/s"
+    assert task.time_remaining == 80.0  # the ETA column's figure
+    names = [type(c).__name__ for c in bar.columns]
+    assert "RateColumn" in names and "TimeRemainingColumn" in names
+
+
+def test_the_console_job_shows_rate_and_eta() -> None:
+    job = Job("j", "orders.dlq", "all", started=100.0, done=0, total=1_000)
+    assert job.rate is None and job.eta is None
+    job = dataclasses.replace(job, done=250, updated=110.0)
+    assert job.rate == 25.0 and job.eta == 30.0
