@@ -130,20 +130,17 @@ class Worker:
         self._handler: Handler | None = None
         self._batch = False
         self._decoder: RecordDecoder | None = None
+        #: the code's deserializers and backoff (a ``with_config`` worker decodes with them)
+        self._decoding: tuple[Deserializer | None, Deserializer | None,
+                              DecodeBackoff | None] = (None, None, None)
         if value_deserializer is not None or key_deserializer is not None:
             if codec is not None and value_deserializer is not None:
                 raise ConfigError("codec and value_deserializer both decode the value: give one")
             if config.execution == "inline":
                 raise ConfigError("execution='inline' runs on the poll thread, where nothing may "
                                   "wait for a schema registry: deserializers need 'threads'")
-            group = config.group_id
-            failures, waiting = self.metrics.decode_failures, self.metrics.decode_waiting
-            self._decoder = RecordDecoder(
-                value_deserializer, key_deserializer, backoff=decode_backoff,
-                on_failure=lambda field, kind: failures.labels(group, field, kind).inc(),
-                on_waiting=lambda n: waiting.labels(group).set(n),
-                clock=self.clock.monotonic)  # the stall watch's clock: one time for both
-            waiting.labels(group).set(0)  # shown from the first scrape
+            self._decoding = (value_deserializer, key_deserializer, decode_backoff)
+            self._decoder = self._decoder_for(config.group_id)
         self._idempotency = idempotency
         self._rate_store = rate_store
         self._rate_key = rate_key
@@ -227,7 +224,14 @@ class Worker:
                      rate_store=self._rate_store,
                      rate_key=self._rate_key if config.rate_limit is not None else None,
                      hold=self._hold)
-        new._decoder = self._decoder  # the code's deserializers (no setting changes them)
+        if self._decoder is not None:  # the code's deserializers (no setting changes them),
+            # their series under the group that runs (``kworkers run --group``), not the code's
+            new._decoding = self._decoding
+            if config.group_id != self.config.group_id:
+                self._forget_decoder_series(self.config.group_id)
+                new._decoder = new._decoder_for(config.group_id)
+            else:
+                new._decoder = self._decoder
         new.outbox = self.outbox
         new._run_hooks = list(self._run_hooks)
         if self._batch:
@@ -235,6 +239,37 @@ class Worker:
         else:
             new.handler(self._handler)
         return new
+
+    def _decoder_for(self, group: str) -> RecordDecoder:
+        """The record decoder, its failures and waits counted under ``group``."""
+        value_deserializer, key_deserializer, backoff = self._decoding
+        failures, waiting = self.metrics.decode_failures, self.metrics.decode_waiting
+        decoder = RecordDecoder(
+            value_deserializer, key_deserializer, backoff=backoff,
+            on_failure=lambda field, kind: failures.labels(group, field, kind).inc(),
+            on_waiting=lambda n: waiting.labels(group).set(n),
+            clock=self.clock.monotonic)  # the stall watch's clock: one time for both
+        waiting.labels(group).set(0)  # shown from the first scrape
+        # ... and the failure counters at 0, so the first failure is an increase a rate() sees
+        # (a series born at 1 has no increase)
+        for field, kind in self._decode_series():
+            failures.labels(group, field, kind)
+        return decoder
+
+    def _decode_series(self) -> list[tuple[str, str]]:
+        value_deserializer, key_deserializer, _ = self._decoding
+        return [(field, kind)
+                for field, given in (("value", value_deserializer), ("key", key_deserializer))
+                if given is not None for kind in ("permanent", "transient")]
+
+    def _forget_decoder_series(self, group: str) -> None:
+        """The code's group's decode series, made at construction: the group that runs is
+        another, and a series of a group nobody runs would stay on every scrape."""
+        with contextlib.suppress(KeyError):
+            self.metrics.decode_waiting.remove(group)
+        for field, kind in self._decode_series():
+            with contextlib.suppress(KeyError):
+                self.metrics.decode_failures.remove(group, field, kind)
 
     def around_run(self, hook: RunHook) -> None:
         """Run ``hook(worker)``, a context manager, around ``run``: entered once the topics are

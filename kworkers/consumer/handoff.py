@@ -154,6 +154,9 @@ class HandOffStep:
         self.limit_bytes = limit_bytes
         self.failures = FailureLog(log, group, clock)
         self._m_blocked = metrics.handoff_blocked.labels(group)
+        # shown at 0 from the first scrape: the first refusal is then an increase rate() sees
+        for destination in ("retry", "dlq", "output"):
+            metrics.handoff_failures.labels(group, destination)
         #: the labelled counters, looked up once per tier or error type, not per record
         self._m_retries: dict[str, Any] = {}
         self._m_dead: dict[str, Any] = {}

@@ -54,6 +54,17 @@ class Rule:
                 raise ValueError(f"{self.alert}: signal not in its expression: {s}")
 
 
+def new_in(counter: str, window: str) -> str:
+    """What ``counter`` counted in ``window``, a series born in it included.
+
+    A counter whose labels are known only when it first counts (``kworkers_dead_letters_total``
+    by error type) is born at its first value, and ``increase`` sees no increase in a series'
+    first sample: the first dead letters of a new error type would never fire. A series with
+    no sample ``window`` ago counts its whole value; the others their ``increase``."""
+    born = f"({counter} unless {counter} offset {window})"
+    return f"(increase({counter}[{window}]) unless {born}) or {born}"
+
+
 @dataclass(frozen=True)
 class Scope:
     """The label filter every kworkers selector of the rules carries ('' for all groups)."""
@@ -80,7 +91,7 @@ def rules(group: str | None = None, time_lag_bound_s: float = TIME_LAG_BOUND_S
     """Every rule, for all groups or one (``scope_of``)."""
     s = scope_of(group)
     blocked = f"max by (group) ({s('kworkers_handoff_blocked')})"
-    dead = f"sum by (group, error_type) (increase({s('kworkers_dead_letters_total')}[15m]))"
+    dead = f"sum by (group, error_type) ({new_in(s('kworkers_dead_letters_total'), '15m')})"
     uncertain = f"sum by (group) (increase({s('kworkers_commit_uncertain_total')}[10m]))"
     txn = s("kworkers_transactions_total", 'outcome="aborted"')
     aborted = f"sum by (group) (increase({txn}[10m]))"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kworkers.testing.checker import FaultLog
@@ -16,8 +16,10 @@ from kworkers.testing.checker import FaultLog
 
 class WorkerProcess:
     def __init__(self, args: Sequence[str], log_dir: Path, name: str,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, env: Mapping[str, str] | None = None) -> None:
         self.args = [sys.executable, *args]
+        #: variables of this process beside the test's own
+        self.env = dict(env or {})
         self.log_path = log_dir / f"{name}.log"
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
@@ -28,9 +30,9 @@ class WorkerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         log.write(f"--- start {self.starts}\n".encode())
         log.flush()
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=self.cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                     start_new_session=True)
+                                     cwd=self.cwd, env=env, start_new_session=True)
         log.close()
         return self
 

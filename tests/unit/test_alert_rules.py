@@ -111,6 +111,17 @@ def test_canary_the_old_retry_lateness_threshold_never_fired(tmp_path: Path) -> 
     assert out.returncode != 0 and "KworkersRetriesLate" in out.stdout, out.stdout
 
 
+def test_canary_plain_increase_misses_the_first_dead_letters_of_a_new_error_type(
+        tmp_path: Path) -> None:
+    """The old expression, ``increase(...[15m]) > 0``: a series born at its first value has
+    no increase, so the fixture's ``born`` group goes unseen (the real worker of
+    tests/integration/test_prometheus_scrape.py showed the same)."""
+    (rule,) = [r for r in alerts.rules() if r.alert == "KworkersDeadLetters"]
+    old = ("sum by (group, error_type) (increase(kworkers_dead_letters_total[15m])) > 0")
+    out = run_fixtures(tmp_path, alerts.render(_changed(rule.alert, expr=old)))
+    assert out.returncode != 0 and 'group="born"' in out.stdout, out.stdout
+
+
 def test_canary_a_renamed_metric_fails_promtool_and_the_name_check(tmp_path: Path) -> None:
     (rule,) = [r for r in alerts.rules() if r.alert == "KworkersPartitionStalled"]
     expr = rule.expr.replace("kworkers_partition_stalled", "kworkers_partition_stall")

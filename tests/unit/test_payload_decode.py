@@ -245,3 +245,27 @@ def test_wiring_errors_are_config_errors() -> None:
         _worker(consumer, Sender(), value_deserializer="avro")
     with pytest.raises(ConfigError, match="backoff"):
         DecodeBackoff(0, 1)
+
+
+def test_decode_series_carry_the_group_that_runs_not_the_code_s() -> None:
+    """``kworkers run --group G`` applies G with ``with_config``: the registry-wait gauge and
+    the decode failure counters are G's from the first scrape, and the code's group leaves no
+    series behind (found by tests/integration/test_prometheus_scrape.py, whose worker's code
+    says ``placeholder``)."""
+    import dataclasses
+
+    w = Worker(topics=["t"], group_id="placeholder", value_deserializer=json_value)
+
+    @w.handler
+    def handle(msg: Message) -> None:
+        pass
+
+    run = w.with_config(dataclasses.replace(w.config, group_id="orders"))
+    reg = run.metrics.registry
+    groups = {s.labels["group"] for m in reg.collect() for s in m.samples
+              if s.name.startswith(("kworkers_payload_waiting_partitions",
+                                    "kworkers_payload_decode_failures_total"))}
+    assert groups == {"orders"}
+    assert reg.get_sample_value("kworkers_payload_decode_failures_total",
+                                {"group": "orders", "field": "value", "kind": "transient"}) == 0
+    assert run._decoder is not None and run._decoder is not w._decoder
