@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import inspect
+import logging
 import os
 import socket
 import uuid
@@ -58,18 +60,23 @@ from kworkers.errors import (
     LeaseBusy,
 )
 from kworkers.idempotency.attempts import LiveAttempts
-from kworkers.idempotency.store import ClaimState, IdempotencyStore
+from kworkers.idempotency.store import UNTRACKED, ClaimState, IdempotencyStore, Turn
 from kworkers.message import Headers, Message
 from kworkers.payloads.serde import Serializer, serialize
 from kworkers.record_key import RecordKeys, bound
-from kworkers.retry_tiers.headers import CHECKPOINT, last_value
+from kworkers.retry_tiers.headers import CHECKPOINT, REDRIVE_OF, last_value, origin_of
 from kworkers.topic_names import is_tier_topic
 
+log = logging.getLogger(__name__)
 _UNSET: Any = object()
 #: a takeover of an expired lease is the dead attempt's failure (``AttemptCrashed``); False
 #: only in the canary that shows the crash-loop test has teeth (the rule before issue #43: the
 #: takeover runs, counted as the record's attempt + 1, which a redelivery never moves past)
 CRASHES_COUNT = True
+#: a claim says where its delivery stands, so a redelivery of work already handed on is skipped
+#: (``ClaimState.STALE``); False only in the canary of the crash-loop test (the rule before:
+#: such a redelivery ran again, counted as its own, older attempt)
+TURNS_TRACKED = True
 
 
 class _Context:
@@ -280,6 +287,20 @@ def _headers(headers: dict[str, str | bytes] | Headers | None) -> Headers:
     return tuple(out)
 
 
+def turn_of(msg: Message) -> Turn:
+    """Where ``msg`` stands in its key's life (``idempotency.store.Turn``): its run is the
+    dead letter a redrive replays (``kw-redrive-of``, kept on every hop after it), else where
+    the work entered Kafka (the ``kw-original-*`` coordinates every tier hop carries, or the
+    record's own); a digest, so a hostile header cannot bloat the store."""
+    redrive_of = last_value(msg.headers, REDRIVE_OF) if msg.headers else None
+    if redrive_of is not None:
+        raw = b"r:" + redrive_of
+    else:
+        o = origin_of(msg)
+        raw = b"o:%s/%d/%d" % (o.topic.encode(), o.partition, o.offset)
+    return Turn(hashlib.blake2b(raw, digest_size=8).hexdigest(), msg.attempt)
+
+
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -305,6 +326,8 @@ class ActivityInvoker:
         #: what ``produce`` turns objects into bytes with: (value, key)
         self.serializers: tuple[Serializer | None, Serializer | None] = (None, None)
         self.skipped = 0
+        #: deliveries skipped as stale (``idempotency.store.Turn``)
+        self.stale = 0
         self._plain = store is None and codec is None
         self._last_handler: Callable[[Message], Any] | None = None
         self._last_async = False
@@ -326,9 +349,11 @@ class ActivityInvoker:
                                "invoker inside a Worker (or give records ids)")
         return keys.key(msg), None
 
-    def _claim(self, key: str | None) -> tuple[int | None, bytes | None, bool, bool]:
+    def _claim(self, key: str | None, msg: Message
+               ) -> tuple[int | None, bytes | None, bool, bool]:
         """(token, details, skip, takeover). ``LeaseBusy`` while another attempt holds the
-        key; ``AttemptCrashed`` for the takeover of an expired lease (see the module doc)."""
+        key; ``AttemptCrashed`` for the takeover of an expired lease; skip for a key done or a
+        stale delivery (see the module doc)."""
         if self.store is None or key is None:
             return None, None, False, False
         now = self.clock.now()
@@ -337,7 +362,8 @@ class ActivityInvoker:
             raise LeaseBusy(key, until, f"{key} is being worked on by another attempt in this "
                             f"process (its lease ends in {until - now:.1f}s)")
         try:
-            claim = self.store.claim(key, self.owner, self.lease_s, now)
+            claim = self.store.claim(key, self.owner, self.lease_s, now,
+                                     turn_of(msg) if TURNS_TRACKED else UNTRACKED)
         except BaseException:
             self.live.end(key, None)
             raise
@@ -345,6 +371,12 @@ class ActivityInvoker:
             self.live.end(key, None)
             if claim.state is ClaimState.DONE:
                 self.skipped += 1
+                return None, None, True, False
+            if claim.state is ClaimState.STALE:
+                self.stale += 1
+                log.info("%s: skipped a stale delivery (%s/%d@%d, attempt %d): a later attempt "
+                         "of its work already claimed the key", key, msg.topic, msg.partition,
+                         msg.offset, msg.attempt)
                 return None, None, True, False
             raise LeaseBusy(key, claim.lease_until, f"{key} is being worked on by a live "
                             f"attempt (its lease ends in {claim.lease_until - now:.1f}s)")
@@ -426,7 +458,7 @@ class ActivityInvoker:
         if self._is_async(handler):
             return self._call_async(handler, msg, keys)
         key, t = self._prepare(msg, keys)
-        token, details, skip, takeover = self._claim(key)
+        token, details, skip, takeover = self._claim(key, msg)
         if skip:
             return None
         ctx = self._context(msg, keys, key, t, token, details, takeover)
@@ -456,7 +488,7 @@ class ActivityInvoker:
             try:
                 key, _task = self._prepare(m, record_keys)
                 keys[m] = key
-                token, _details, skip, _takeover = self._claim(key)
+                token, _details, skip, _takeover = self._claim(key, m)
             except Exception as exc:
                 failed[m] = exc
                 continue
@@ -547,7 +579,7 @@ class ActivityInvoker:
     def _prepare_and_claim(self, msg: Message, keys: RecordKeys | None) -> tuple[
             str | None, ActivityTask | None, tuple[int | None, bytes | None, bool, bool]]:
         key, t = self._prepare(msg, keys)  # may read a topic id or the DLQ: off the loop
-        return key, t, self._claim(key)
+        return key, t, self._claim(key, msg)
 
     async def _call_async(self, handler: Callable[[Message], Any], msg: Message,
                           keys: RecordKeys | None) -> Any:

@@ -28,6 +28,7 @@ from kworkers.idempotency.store import (
     IdempotencyStore,
     SqlConnection,
     TransactionalStore,
+    Turn,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "SqlConnection",
     "SqliteStore",
     "TransactionalStore",
+    "Turn",
     "open_store",
 ]
 

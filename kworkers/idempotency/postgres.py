@@ -20,7 +20,7 @@ import psycopg
 from psycopg import pq
 
 from kworkers.errors import ConfigError
-from kworkers.idempotency.store import PerThread, SqlLeaseStore
+from kworkers.idempotency.store import TURN_COLUMNS, PerThread, SqlLeaseStore
 
 __all__ = ["PostgresStore"]
 
@@ -60,9 +60,20 @@ class PostgresStore(SqlLeaseStore[Connection]):
                         status TEXT NOT NULL CHECK (status IN ('leased', 'free', 'done')),
                         lease_until DOUBLE PRECISION NOT NULL,
                         details BYTEA,
-                        done_at DOUBLE PRECISION
+                        done_at DOUBLE PRECISION,
+                        turn_run TEXT NOT NULL DEFAULT '',
+                        turn_attempt INTEGER NOT NULL DEFAULT 0
                     )"""
                 )
+                # A table made before the turn columns gets them. Looked up first: ALTER TABLE
+                # locks the whole table, and would wait on every open transaction of the store.
+                have = {str(r[0]) for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                    "AND table_schema = current_schema()", (self.table,)).fetchall()}
+                for name, ddl in TURN_COLUMNS:
+                    if name not in have:
+                        conn.execute(
+                            f"ALTER TABLE {self.table} ADD COLUMN IF NOT EXISTS {name} {ddl}")
         except BaseException:
             conn.close()
             raise

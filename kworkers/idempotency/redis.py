@@ -20,11 +20,18 @@ from typing import Any, cast
 import redis as redis_lib
 
 from kworkers.errors import ConfigError, FencedError
-from kworkers.idempotency.store import Claim, ClaimState, validate_claim_args
+from kworkers.idempotency.store import (
+    UNTRACKED,
+    Claim,
+    ClaimState,
+    Turn,
+    validate_claim_args,
+)
 
 __all__ = ["RedisStore"]
 
-# Hash fields: owner, token, status (leased|free|done), lease_until, details, done_at.
+# Hash fields: owner, token, status (leased|free|done), lease_until, details, done_at,
+# turn_run, turn_attempt (the latest turn that claimed the key: ``store.Turn``).
 # Fence failures come back as {"fenced", reason, current_token}.
 
 _FENCE = """
@@ -40,23 +47,36 @@ end
 
 _CLAIM = """
 local k, owner, until_new, now = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local h = redis.call('HMGET', k, 'owner', 'token', 'status', 'lease_until', 'details')
+local run, attempt = ARGV[4], tonumber(ARGV[5])
+local h = redis.call('HMGET', k, 'owner', 'token', 'status', 'lease_until', 'details',
+                     'turn_run', 'turn_attempt')
+local function turned()
+  if attempt <= 0 then return end
+  if (h[6] or '') == run and tonumber(h[7] or '0') >= attempt then return end
+  redis.call('HSET', k, 'turn_run', run, 'turn_attempt', attempt)
+end
 if not h[2] then
   redis.call('HSET', k, 'owner', owner, 'token', 1, 'status', 'leased', 'lease_until', until_new)
+  turned()
   return {'acquired', 1, until_new, 0, false}
 end
 local token = tonumber(h[2])
 if h[3] == 'done' then return {'done', token, h[4], 0, h[5]} end
+if attempt > 0 and (h[6] or '') == run and attempt < tonumber(h[7] or '0') then
+  return {'stale', token, h[4], 0, h[5]}
+end
 local live = h[3] == 'leased' and tonumber(h[4]) > now
 if live and h[1] == owner then
   local u = h[4]
   if tonumber(until_new) > tonumber(u) then u = until_new end
   redis.call('HSET', k, 'lease_until', u)
+  turned()
   return {'acquired', token, u, 0, h[5]}
 end
 if live then return {'busy', token, h[4], 0, h[5]} end
 token = token + 1
 redis.call('HSET', k, 'owner', owner, 'token', token, 'status', 'leased', 'lease_until', until_new)
+turned()
 local takeover = 0
 local expired = 0
 if h[1] and h[1] ~= owner then
@@ -135,9 +155,10 @@ class RedisStore:
                 f"{what} {key!r} with token {token}: {_text(parts[1])} (current {int(parts[2])})"
             )
 
-    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
+    def claim(self, key: str, owner: str, lease_s: float, now: float,
+              turn: Turn = UNTRACKED) -> Claim:
         validate_claim_args(key, owner, lease_s)
-        args = [owner, _num(now + lease_s), _num(now)]
+        args = [owner, _num(now + lease_s), _num(now), turn.run, str(turn.attempt)]
         reply = cast(list[Any], self._claim(keys=[self._k(key)], args=args))
         state, token, until, takeover, details, *rest = reply
         return Claim(

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 from kworkers.errors import ConfigError
-from kworkers.idempotency.store import PerThread, SqlLeaseStore
+from kworkers.idempotency.store import TURN_COLUMNS, PerThread, SqlLeaseStore
 
 __all__ = ["SqliteStore"]
 
@@ -58,8 +58,8 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
             self._enable_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
-            if not _has_table(conn, self.table):  # a read: no write lock unless needed
-                self._create_table(conn)
+            if not _has_table(conn, self.table) or _lacks_turn(conn, self.table):
+                self._create_table(conn)  # a read first: no write lock unless needed
         except BaseException:
             conn.close()
             raise
@@ -92,9 +92,12 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
                     status TEXT NOT NULL CHECK (status IN ('leased', 'free', 'done')),
                     lease_until REAL NOT NULL,
                     details BLOB,
-                    done_at REAL
+                    done_at REAL,
+                    turn_run TEXT NOT NULL DEFAULT '',
+                    turn_attempt INTEGER NOT NULL DEFAULT 0
                 )"""
             )
+            _add_turn_columns(conn, self.table)
             conn.execute("COMMIT")
         except BaseException:
             if _in_txn(conn):
@@ -140,3 +143,19 @@ def _has_table(conn: sqlite3.Connection, table: str) -> bool:
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
     ).fetchone()
     return row is not None
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
+
+
+def _lacks_turn(conn: sqlite3.Connection, table: str) -> bool:
+    return not {name for name, _ in TURN_COLUMNS} <= _columns(conn, table)
+
+
+def _add_turn_columns(conn: sqlite3.Connection, table: str) -> None:
+    """A table made before the turn columns gets them (inside the caller's write lock)."""
+    have = _columns(conn, table)
+    for name, ddl in TURN_COLUMNS:
+        if name not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}")

@@ -16,6 +16,13 @@ A key moves through three states::
     │  └── heartbeat (extends, stores details) ────┘
     └──complete──▶ done   (terminal: every later claim answers DONE)
 
+A claim may also say where its delivery stands (a ``Turn``: the run of the work it belongs to and
+its attempt in that run). The key keeps the latest turn that claimed it, and a delivery older
+than that, in the same run, is ``STALE``: a record redelivered after its work was already handed
+on to a later attempt (its source offset's commit lost with a crash between the hand-off and
+the commit). Skipping it loses nothing, the later attempt's record carries the work; running it
+would count attempts backwards and could run a key after it was dead-lettered (issue #43).
+
 The backends store exactly these fields per key; the decisions live here, as pure functions over
 a ``LeaseRow``, so the SQL backends cannot drift apart (Redis repeats them in Lua, and the one
 contract test suite holds all three to the same behaviour).
@@ -39,12 +46,14 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from kworkers.errors import ConfigError, FencedError
 
 __all__ = [
+    "UNTRACKED",
     "Claim",
     "ClaimState",
     "IdempotencyStore",
     "LeaseRow",
     "SqlConnection",
     "TransactionalStore",
+    "Turn",
     "check_fence",
     "decide_claim",
     "decide_complete",
@@ -54,11 +63,30 @@ __all__ = [
 
 
 class ClaimState(enum.Enum):
-    """What ``claim`` found: the caller may work (ACQUIRED), skip (DONE) or try later (BUSY)."""
+    """What ``claim`` found: the caller may work (ACQUIRED), skip (DONE: the effect is applied;
+    STALE: a later attempt of the same run already claimed the key) or try later (BUSY)."""
 
     ACQUIRED = "acquired"
     DONE = "done"
     BUSY = "busy"
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """Where a delivery stands in its key's life: ``run`` names the run of the work (every hop
+    of one run through the retry tiers gives the same; a redrive starts another) and
+    ``attempt`` counts from 1 within it. ``attempt`` 0: not tracked (never stale)."""
+
+    run: str
+    attempt: int
+
+    @property
+    def tracked(self) -> bool:
+        return self.attempt > 0
+
+
+UNTRACKED = Turn("", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +129,21 @@ class LeaseRow:
     lease_until: float
     details: bytes | None
     done_at: float | None = None
+    #: the latest turn that claimed the key (``run`` "" and ``attempt`` 0: none tracked)
+    run: str = ""
+    attempt: int = 0
 
 
 class IdempotencyStore(Protocol):
     """The lease protocol every backend implements (see the module docstring)."""
 
-    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
+    def claim(self, key: str, owner: str, lease_s: float, now: float,
+              turn: Turn = UNTRACKED) -> Claim:
         """New key or expired/released lease -> ACQUIRED (token+1); live lease of another
         owner -> BUSY; done -> DONE. The same owner re-claiming its live lease -> ACQUIRED with
-        the same token (and the lease extended to at least ``now + lease_s``)."""
+        the same token (and the lease extended to at least ``now + lease_s``). A tracked
+        ``turn`` older than the key's latest in the same run -> STALE (checked after DONE);
+        an ACQUIRED claim records its turn."""
         ...
 
     def heartbeat(
@@ -191,25 +225,41 @@ def validate_claim_args(key: str, owner: str, lease_s: float) -> None:
         raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
 
 
+def is_stale(row: LeaseRow, turn: Turn) -> bool:
+    """True when ``turn`` is older than the key's latest, in the same run."""
+    return turn.tracked and row.run == turn.run and turn.attempt < row.attempt
+
+
+def _turned(row: LeaseRow, turn: Turn) -> LeaseRow:
+    """``row`` recording ``turn`` as the latest (a later attempt, or another run's)."""
+    if not turn.tracked or (row.run == turn.run and row.attempt >= turn.attempt):
+        return row
+    return replace(row, run=turn.run, attempt=turn.attempt)
+
+
 def decide_claim(
-    row: LeaseRow | None, key: str, owner: str, lease_s: float, now: float
+    row: LeaseRow | None, key: str, owner: str, lease_s: float, now: float,
+    turn: Turn = UNTRACKED,
 ) -> tuple[Claim, LeaseRow | None]:
     """The claim's answer and the row to write (``None``: leave the row as it is)."""
     if row is None:
-        new = LeaseRow(owner, 1, "leased", now + lease_s, None)
+        new = _turned(LeaseRow(owner, 1, "leased", now + lease_s, None), turn)
         return Claim(ClaimState.ACQUIRED, key, 1, None, new.lease_until, False), new
     if row.status == "done":
         return Claim(ClaimState.DONE, key, row.token, row.details, row.lease_until, False), None
+    if is_stale(row, turn):
+        return Claim(ClaimState.STALE, key, row.token, row.details, row.lease_until, False), None
     live = row.status == "leased" and row.lease_until > now
     if live and row.owner == owner:
         until = max(row.lease_until, now + lease_s)
-        new = replace(row, lease_until=until)
+        new = _turned(replace(row, lease_until=until), turn)
         return Claim(ClaimState.ACQUIRED, key, row.token, row.details, until, False), new
     if live:
         return Claim(ClaimState.BUSY, key, row.token, row.details, row.lease_until, False), None
     # Expired or released: take it over under a new token; the details are the checkpoint.
     token = row.token + 1
-    new = LeaseRow(owner, token, "leased", now + lease_s, row.details)
+    new = _turned(LeaseRow(owner, token, "leased", now + lease_s, row.details,
+                           run=row.run, attempt=row.attempt), turn)
     takeover = row.owner is not None and row.owner != owner
     return Claim(ClaimState.ACQUIRED, key, token, row.details, new.lease_until, takeover,
                  takeover and row.status == "leased"), new
@@ -333,7 +383,7 @@ class PerThread(Generic[C]):
 
 SqlC = TypeVar("SqlC", bound=SqlConnection)
 
-_COLUMNS = "owner, token, status, lease_until, details, done_at"
+_COLUMNS = "owner, token, status, lease_until, details, done_at, turn_run, turn_attempt"
 
 
 class SqlLeaseStore(Generic[SqlC]):
@@ -383,9 +433,10 @@ class SqlLeaseStore(Generic[SqlC]):
         conn.execute(
             self._sql(
                 "UPDATE {t} SET owner = ?, token = ?, status = ?, lease_until = ?, details = ?, "
-                "done_at = ? WHERE key = ?"
+                "done_at = ?, turn_run = ?, turn_attempt = ? WHERE key = ?"
             ),
-            (row.owner, row.token, row.status, row.lease_until, row.details, row.done_at, key),
+            (row.owner, row.token, row.status, row.lease_until, row.details, row.done_at,
+             row.run, row.attempt, key),
         )
 
     def _read(self, key: str) -> LeaseRow | None:
@@ -395,11 +446,12 @@ class SqlLeaseStore(Generic[SqlC]):
 
     # -- IdempotencyStore ------------------------------------------------------------------
 
-    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
+    def claim(self, key: str, owner: str, lease_s: float, now: float,
+              turn: Turn = UNTRACKED) -> Claim:
         validate_claim_args(key, owner, lease_s)
         with self._begin() as conn:
             row = self._lock(conn, key, create=True)
-            claim, new = decide_claim(row, key, owner, lease_s, now)
+            claim, new = decide_claim(row, key, owner, lease_s, now, turn)
             if new is not None:
                 self._store(conn, key, new)
         return claim
@@ -460,11 +512,18 @@ class SqlLeaseStore(Generic[SqlC]):
         return self._begin()
 
 
+#: The columns of a key's latest turn, added to tables made before them (issue #43): a row
+#: without a tracked turn is never stale.
+TURN_COLUMNS = (("turn_run", "TEXT NOT NULL DEFAULT ''"),
+                ("turn_attempt", "INTEGER NOT NULL DEFAULT 0"))
+
+
 def rows_to_lease(row: Sequence[Any] | None) -> LeaseRow | None:
-    """(owner, token, status, lease_until, details, done_at) from a SELECT, as a LeaseRow."""
+    """(owner, token, status, lease_until, details, done_at, turn_run, turn_attempt) from a
+    SELECT, as a LeaseRow."""
     if row is None:
         return None
-    owner, token, status, lease_until, details, done_at = row
+    owner, token, status, lease_until, details, done_at, run, attempt = row
     if status not in ("leased", "free", "done"):
         raise ConfigError(f"corrupt idempotency row: status {status!r}")
     return LeaseRow(
@@ -474,4 +533,6 @@ def rows_to_lease(row: Sequence[Any] | None) -> LeaseRow | None:
         lease_until=float(lease_until),
         details=None if details is None else bytes(details),
         done_at=None if done_at is None else float(done_at),
+        run=str(run or ""),
+        attempt=int(attempt or 0),
     )

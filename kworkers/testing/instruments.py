@@ -28,7 +28,7 @@ from typing import Any
 
 from kworkers.consumer.ports import TP, ConsumerPort, RebalanceCallback
 from kworkers.errors import BatchError, LeaseBusy
-from kworkers.idempotency.store import Claim, ClaimState, IdempotencyStore
+from kworkers.idempotency.store import UNTRACKED, Claim, ClaimState, IdempotencyStore, Turn
 from kworkers.message import Message
 from kworkers.testing.checker import record_key
 from kworkers.testing.ledger import Ledger
@@ -164,8 +164,9 @@ class StoreProbe:
         self.on_complete = on_complete
         self.claim_always_acquired = claim_always_acquired
 
-    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
-        real = self.inner.claim(key, owner, lease_s, now)
+    def claim(self, key: str, owner: str, lease_s: float, now: float,
+              turn: Turn = UNTRACKED) -> Claim:
+        real = self.inner.claim(key, owner, lease_s, now, turn)
         if real.state is ClaimState.ACQUIRED or not self.claim_always_acquired:
             return real
         return Claim(ClaimState.ACQUIRED, key, real.token, real.details, now + lease_s, False)

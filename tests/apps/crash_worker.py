@@ -15,7 +15,10 @@ whose value is ``0`` is the victim:
 The retry policy is short, as the issue's: ``initial=0.5, backoff=1.0, max_interval=1.0``,
 ``--max-attempts``; ``group_protocol="consumer"``. ``--canary leases``: the rule before issue
 #43 for a busy lease (a failed attempt); ``--canary crashes``: the rule before for a takeover
-(it runs, never counted past the record's own attempt).
+(it runs, never counted past the record's own attempt); ``--canary turns``: claims that do not
+say where their delivery stands (a redelivery of work already handed on runs again).
+``--commit-interval-s``: a long interval makes certain that a hand-off's source commit is not
+made before its retry kills the process (the race CI met once at the 1 s default).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kworkers import Message, RetryPolicy, TierLadder, Worker, activity
+from kworkers import CommitPolicy, Message, RetryPolicy, TierLadder, Worker, activity
 from kworkers.consumer import runner as runner_module
 from kworkers.idempotency import open_store
 from kworkers.testing.ledger import Ledger
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-attempts", type=int, default=4)
     ap.add_argument("--mode", choices=["heartbeat-then-die", "die-always"],
                     default="die-always")
-    ap.add_argument("--canary", choices=["leases", "crashes"])
+    ap.add_argument("--canary", choices=["leases", "crashes", "turns"])
+    ap.add_argument("--commit-interval-s", type=float, default=1.0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("KWORKERS_TEST_LOG_LEVEL", "WARNING"),
                         stream=sys.stderr, format="%(asctime)s %(process)d %(name)s %(message)s")
@@ -53,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         runner_module.LEASES_WAIT = False
     elif args.canary == "crashes":
         activity.CRASHES_COUNT = False
+    elif args.canary == "turns":
+        activity.TURNS_TRACKED = False
     ledger = Ledger(args.ledger)
     markers = Path(args.markers)
     markers.mkdir(parents=True, exist_ok=True)
@@ -62,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         group_protocol="consumer", idempotency=store, lease_s=args.lease_s,
         retry=RetryPolicy(initial=0.5, backoff=1.0, max_interval=1.0,
                           max_attempts=args.max_attempts),
-        tiers=TierLadder((1.0,)), drain_timeout=2.0)
+        tiers=TierLadder((1.0,)), drain_timeout=2.0,
+        commit=CommitPolicy(interval_s=args.commit_interval_s))
 
     def die() -> None:
         (markers / f"died-{os.getpid()}").write_text(str(os.getpid()))

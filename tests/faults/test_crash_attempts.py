@@ -12,6 +12,7 @@ is a bound of the configuration, the only time compared.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,42 +137,44 @@ def test_a_dead_attempts_lease_is_waited_out_not_dead_lettered_as_lease_busy(
           f"heartbeat (lease {lease_s}s)")
 
 
-# full_only since 2026-12-05: it met a race of the product under CI's load (attempts
-# [1, 2, 3, 1]: a source record handed off as AttemptCrashed, its commit not made before the
-# retry killed the process, ran again as attempt 1 after its key was dead-lettered; with a 3 s
-# tier it died 8 times uncounted in 1 of 3 runs by hand): docs/RELIABILITY.md "Known limits".
-# The rule itself stays in CI without a broker (tests/unit/test_crashed_attempts.py).
-@pytest.mark.full_only
 def test_a_record_that_kills_its_worker_every_time_ends_in_the_dlq_and_the_partition_moves_on(
         kafka_broker: Broker, tmp_path: Path) -> None:
     """The issue's second run: the record kills its process every time it runs, the worker is
-    restarted each time (``max_attempts=3``, ``lease_s=2``). Fixed: it runs exactly 3 times
-    (attempts 1, 2, 3: each takeover of an expired lease counted), then is dead-lettered
-    unrun as ``AttemptCrashed`` after 3 attempts, and the 15 records behind it run (committed
-    to the end). Canary (the takeover runs, as before): by the time it has died more times than
-    ``max_attempts`` allows, nothing is in its DLQ and none of the 15 behind it ran."""
+    restarted each time (``max_attempts=3``, ``lease_s=2``), and commits only every 30 s, so no
+    hand-off's source commit is made before its retry kills the process (CI met this race once
+    at the 1 s default: attempts ``[1, 2, 3, 1]``). Fixed: it runs exactly 3 times (attempts 1,
+    2, 3: each takeover of an expired lease counted, each redelivery of work already handed on
+    skipped as stale), then is dead-lettered unrun as ``AttemptCrashed`` after 3 attempts, and
+    the 15 records behind it run (committed to the end). Two canaries: the takeover runs (the
+    rule before, ``crashes``): by the time it has died more times than ``max_attempts`` allows,
+    nothing is in its DLQ and none of the 15 behind it ran; claims that do not say where their
+    delivery stands (``turns``): a redelivered older attempt runs again, the attempts go back."""
     bs = kafka_broker.bootstrap_servers
     topic = make_topic(bs, unique("crashloop"), 1)
     behind = 15
     produce(bs, topic, ((b"k", str(i).encode()) for i in range(behind + 1)))
-    common = ("--mode", "die-always", "--lease-s", "2", "--max-attempts", "3")
+    common = ("--mode", "die-always", "--lease-s", "2", "--max-attempts", "3",
+              "--commit-interval-s", "30")
     fixed = _Side("fixed", bs, topic, tmp_path, *common)
     canary = _Side("canary", bs, topic, tmp_path, *common, "--canary", "crashes")
-    sides = [fixed, canary]
+    turns = _Side("turns", bs, topic, tmp_path, *common, "--canary", "turns")
+    sides = [fixed, canary, turns]
     everything = {str(i) for i in range(behind + 1)}
     try:
         _until(lambda: fixed.ran() == everything and fixed.deaths() >= 3
-               and canary.deaths() >= 4, sides, 200,
-               "the fixed worker past its record and the canary dead 4 times")
+               and canary.deaths() >= 4 and turns.deaths() >= 3, sides, 240,
+               "the fixed worker past its record, the canaries dead 4 and 3 times")
         _until(lambda: bool(fixed.dead_letters()), sides, 30, "the fixed worker's dead letter")
         time.sleep(2.0)
         fixed_dead, canary_dead = fixed.dead_letters(), canary.dead_letters()
         canary_ran, canary_deaths = canary.ran(), canary.deaths()
+        # a clean leave commits what is done (the 30 s interval would not have yet)
+        fixed_exit = fixed.proc.terminate() if fixed.proc.alive else None
     finally:
         for s in sides:
             s.close()
     runs = [_attempt_and_details(e)[0] for e in fixed.runs("0")]
-    assert runs == [1, 2, 3] and fixed.deaths() == 3, runs
+    assert runs == [1, 2, 3] and fixed.deaths() == 3 and fixed_exit == 0, (runs, fixed_exit)
     [dead] = fixed_dead
     assert (last_value(dead.headers, ERROR_TYPE), last_value(dead.headers, ATTEMPT),
             last_value(dead.headers, DLQ_REASON)) == (b"AttemptCrashed", b"3", b"exhausted")
@@ -180,5 +183,10 @@ def test_a_record_that_kills_its_worker_every_time_ends_in_the_dlq_and_the_parti
     # the canary: more deaths than max_attempts, no dead letter, nothing behind it run
     assert canary_deaths >= 4 and canary_dead == [] and canary_ran == {"0"}, (
         canary_deaths, canary_dead, canary_ran)
+    # the turns canary: an attempt ran that was not later than the one before it
+    turn_runs = [_attempt_and_details(e)[0] for e in turns.runs("0")]
+    assert len(turn_runs) >= 3 and any(b <= a for a, b in itertools.pairwise(turn_runs)), (
+        turn_runs)
     print(f"fixed: 3 deaths, dead-lettered as AttemptCrashed, {behind} behind ran; canary: "
-          f"{canary_deaths} deaths, {len(canary.runs('0'))} runs of 0, nothing behind it")
+          f"{canary_deaths} deaths, {len(canary.runs('0'))} runs of 0, nothing behind it; "
+          f"turns canary: attempts {turn_runs}")

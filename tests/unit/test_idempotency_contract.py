@@ -34,7 +34,9 @@ from kworkers.idempotency import (
     open_store,
 )
 from kworkers.idempotency.store import (
+    UNTRACKED,
     LeaseRow,
+    Turn,
     decide_claim,
     decide_complete,
     decide_heartbeat,
@@ -311,6 +313,68 @@ def test_release_then_same_owner_retries_under_a_new_token(store: IdempotencySto
     store.release(KEY, c.token)
     again = store.claim(KEY, "w1", 60, now=1.0)
     assert again.acquired and again.token == c.token + 1 and not again.takeover
+
+
+def test_a_delivery_older_than_the_keys_latest_turn_in_its_run_is_stale(
+        store: IdempotencyStore) -> None:
+    """Issue #43: a source record redelivered after its retry claimed the key (the source's
+    commit lost with a crash between the hand-off and the commit) is STALE, whatever the lease
+    says; the same attempt again, a later one, another run or an untracked claim are not."""
+    first, retry = Turn("run-a", 1), Turn("run-a", 2)
+    c1 = store.claim(KEY, "w1", 30, now=0.0, turn=first)
+    store.release(KEY, c1.token)
+    c2 = store.claim(KEY, "w1", 30, now=1.0, turn=retry)
+    assert c2.acquired
+    # the retry's worker died holding the lease: the stale source is refused live or expired
+    assert store.claim(KEY, "w2", 30, now=2.0, turn=first).state is ClaimState.STALE
+    assert store.claim(KEY, "w2", 30, now=99.0, turn=first).state is ClaimState.STALE
+    # the retry redelivered takes the expired lease over (counted as crashed by the invoker)
+    again = store.claim(KEY, "w2", 30, now=99.0, turn=retry)
+    assert again.acquired and again.expired
+    store.release(KEY, again.token)
+    # a redrive (another run) and an untracked claim are never stale
+    assert store.claim(KEY, "w3", 30, now=100.0, turn=UNTRACKED).acquired
+    assert store.claim(KEY, "w3", 30, now=100.0, turn=Turn("run-b", 1)).acquired
+    assert store.claim(KEY, "w4", 1, now=200.0, turn=first).acquired  # run-b is the latest now
+    c = store.claim(KEY, "w4", 1, now=200.5, turn=first)
+    store.complete(KEY, c.token, now=201.0)
+    assert store.claim(KEY, "w5", 1, now=300.0, turn=Turn("run-b", 1)).state is ClaimState.DONE
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_table_made_before_turns_gets_their_columns(kind: str, tmp_path: Any) -> None:
+    """A store opened on a table of an earlier release adds the turn columns and keeps rows."""
+    spec = make_spec(kind, tmp_path)
+    old = (f"CREATE TABLE {spec.name} (key TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL,"
+           " status TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, details "
+           f"{'BYTEA' if kind == 'postgres' else 'BLOB'}, done_at DOUBLE PRECISION)")
+    row = ("INSERT INTO {t} VALUES ('old/done', 'w0', 1, 'done', 0, NULL, 5.0)"
+           .replace("{t}", spec.name))
+    try:
+        if kind == "postgres":
+            import psycopg
+
+            with psycopg.connect(spec.url, autocommit=True) as conn:
+                conn.execute(old)
+                conn.execute(row)
+        else:
+            import sqlite3
+
+            with sqlite3.connect(spec.url) as conn:
+                conn.execute(old)
+                conn.execute(row)
+        store = spec.open()
+        try:
+            assert store.claim("old/done", "w1", 30, now=1.0, turn=Turn("r", 2)).state \
+                is ClaimState.DONE
+            c = store.claim(KEY, "w1", 30, now=1.0, turn=Turn("r", 2))
+            store.release(KEY, c.token)
+            assert store.claim(KEY, "w1", 30, now=2.0, turn=Turn("r", 1)).state \
+                is ClaimState.STALE
+        finally:
+            store.close()
+    finally:
+        _cleanup(spec)
 
 
 def test_bad_arguments_are_config_errors(store: IdempotencyStore) -> None:
@@ -626,8 +690,10 @@ def test_closed_sql_store_refuses_work(sql_spec: Spec) -> None:
 # --- every backend against the reference decisions ---------------------------------------------
 
 OWNERS = ["a", "b", "c"]
+TURNS = [UNTRACKED, *(Turn(run, a) for run in ("r1", "r2") for a in (1, 2, 3))]
 op = st.one_of(
-    st.tuples(st.just("claim"), st.sampled_from(OWNERS), st.sampled_from([1.0, 5.0])),
+    st.tuples(st.just("claim"), st.sampled_from(OWNERS), st.sampled_from([1.0, 5.0]),
+              st.sampled_from(TURNS)),
     st.tuples(st.just("advance"), st.sampled_from([0.0, 0.5, 1.0, 3.0, 6.0])),
     st.tuples(
         st.just("heartbeat"),
@@ -646,8 +712,9 @@ class Model:
     def __init__(self) -> None:
         self.row: LeaseRow | None = None
 
-    def claim(self, key: str, owner: str, lease_s: float, now: float) -> Claim:
-        claim, new = decide_claim(self.row, key, owner, lease_s, now)
+    def claim(self, key: str, owner: str, lease_s: float, now: float,
+              turn: Turn = UNTRACKED) -> Claim:
+        claim, new = decide_claim(self.row, key, owner, lease_s, now, turn)
         self.row = new or self.row
         return claim
 
@@ -665,7 +732,7 @@ def _apply(target: Any, o: Any, key: str, cur: int, now: float) -> Any:
     """One operation on the model or the store (same interface), as a comparable outcome."""
     try:
         if o[0] == "claim":
-            return ("ok", target.claim(key, o[1], o[2], now))
+            return ("ok", target.claim(key, o[1], o[2], now, o[3]))
         if o[0] == "heartbeat":
             return ("ok", target.heartbeat(key, cur + o[1], o[2], o[3], now))
         if o[0] == "complete":
