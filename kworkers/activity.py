@@ -24,7 +24,9 @@ holding it: seed 000 counts that as a failed attempt), so the record does not ru
 attempt: it is ``AttemptCrashed``, routed like any failed attempt (retried after the policy's
 backoff with the last heartbeat details, which stay with the key; dead-lettered past
 ``max_attempts``), so a record that kills its worker every time ends in the DLQ instead of
-holding its partition. The handler's effect must itself be keyed (a unique constraint, or
+holding its partition. A claim also says where its delivery stands (``turn_of``): a record
+delivered again after its work was handed on to a later attempt (its commit lost in a crash) is
+stale and skipped, so attempts never count backwards. The handler's effect must itself be keyed (a unique constraint, or
 ``apply_once`` in the store's transaction): the lease makes "claim, then work" safe against a
 worker dying between the two, the key makes the effect happen once.
 
