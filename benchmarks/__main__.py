@@ -10,7 +10,7 @@ from benchmarks.common import Mode
 
 BENCHMARKS = ("peers", "eos", "throughput", "slow_io", "rebalance", "retry_timing", "commits",
               "soak", "storm", "leave", "share", "pace", "handoff_cpu", "schedule", "hot",
-              "floor", "autoscale")
+              "floor", "autoscale", "redrive")
 #: the benchmarks whose ``--profile`` runs one kworkers side under py-spy
 PROFILED = ("throughput", "storm", "peers")
 

@@ -7,7 +7,7 @@ ledger's keys, and every replay in its summary) needed memory in proportion. Hel
 once, whatever the DLQ's size:
 
 - the chunk of records in hand (``kworkers.kafka.reader.CHUNK``) and librdkafka's read-ahead
-  (``STREAM_READ_AHEAD_KB``);
+  (``STREAM_READ_AHEAD``: a thousand records a partition);
 - the ledger as one bit per DLQ offset (``replayed.ReplayedOffsets``: 125 KB a million);
 - the ``Tally``: counts, and the first ``SAMPLE`` replays and refusals (what the CLI lists and
   the console's plan page shows);

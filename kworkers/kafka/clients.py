@@ -22,6 +22,7 @@ from kworkers.errors import ConfigError
 from kworkers.kafka import diagnose, tls_probe
 from kworkers.kafka.settings import (
     ClientSettings,
+    ReadAhead,
     admin_settings,
     as_client,
     reader_settings,
@@ -82,9 +83,9 @@ def share_consumer(client: ClientSettings | str, group: str,
 
 
 def reader(client: ClientSettings | str, group: str = "kworkers-reader",
-           read_ahead_kb: int | None = None) -> Consumer:
+           read_ahead: ReadAhead | None = None) -> Consumer:
     c = as_client(client)
-    return _build(Consumer, reader_settings(c, group, read_ahead_kb), c)
+    return _build(Consumer, reader_settings(c, group, read_ahead), c)
 
 
 def transactional_producer(client: ClientSettings | str, transactional_id: str,

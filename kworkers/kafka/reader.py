@@ -24,14 +24,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.kafka.clients import CONNECT_TIMEOUT, reader, require_topic, unreachable
-from kworkers.kafka.settings import ClientSettings, as_client
+from kworkers.kafka.settings import ClientSettings, ReadAhead, as_client
 from kworkers.message import Headers, Message
 
 #: records per chunk of a ``stream`` (and per ``consume`` of any read)
 CHUNK = 500
-#: what librdkafka may fetch ahead of a ``stream``, in KiB: with one chunk in hand, the
-#: memory a read of a topic of any size takes
-STREAM_READ_AHEAD_KB = 8192
+#: what librdkafka may fetch ahead of a ``stream``: with one chunk in hand, the memory a read
+#: of a topic of any size takes (a thousand records a partition, 8 MiB of values in all)
+STREAM_READ_AHEAD = ReadAhead(records=1_000, kbytes=8_192)
 
 
 class ReadTimeout(KworkersError):
@@ -137,16 +137,16 @@ def stream(client: ClientSettings | str, topic: str, spans: Mapping[int, tuple[i
     Why chunks and not ``scan``: a DLQ or a ledger can hold millions of records, and a tool
     that reads one to act on each record needs none of them after it acted. Held at once:
     the chunk in hand (at most ``CHUNK`` records) and what librdkafka fetched ahead
-    (``STREAM_READ_AHEAD_KB``, plus one fetch), whatever the topic's size. ``ReadTimeout``
-    when no record arrives for ``idle_timeout`` seconds before every partition reached its
-    end (a read of any length still ends, but is never cut short for being long).
+    (``STREAM_READ_AHEAD``: records a partition, and one fetch), whatever the topic's size.
+    ``ReadTimeout`` when no record arrives for ``idle_timeout`` seconds before every partition
+    reached its end (a read of any length still ends, but is never cut short for being long).
     """
     settings = as_client(client)
     ends = {p: hi for p, (_lo, hi) in spans.items()}
     assign = [TopicPartition(topic, p, lo) for p, (lo, hi) in sorted(spans.items()) if lo < hi]
     if not assign:
         return
-    c = reader(settings, read_ahead_kb=STREAM_READ_AHEAD_KB)
+    c = reader(settings, read_ahead=STREAM_READ_AHEAD)
     try:
         yield from _read(c, topic, assign, ends, None, set(), idle_timeout, idle=True)
     except KafkaException as exc:

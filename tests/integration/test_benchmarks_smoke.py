@@ -48,6 +48,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "floor": ("consume_us", "messages_us", "in_flight_us", "gc_off_us", "build_us", "gc_us"),
     "autoscale": ("drain_s", "first_scale_out_s", "zero_after_drain_s", "flaps", "spurious",
                   "before47_spurious", "twice"),
+    "redrive": ("redrive_rps", "wall_s", "cpu_s", "peak_rss_mb", "clean_once", "duplicates",
+                "missing", "crash_once"),
 }
 # Sides that cannot run in smoke mode; their RESULT value is "n/a".
 NOT_IN_SMOKE = {"peers": ("quix_mps", "arroyo_mps", "faststream_mps", "faststream_batch_mps"),
@@ -84,6 +86,8 @@ def test_benchmark_smoke(kafka_broker: Broker, name: str, tmp_path: Path) -> Non
         float(figures[key])  # every figure is a number (speeds are never compared)
     if "short_commits" in figures:  # read back from the broker: every run committed its N
         assert figures["short_commits"] == "0", stdout[-3000:]
+    if name == "redrive":  # counted from the broker: each dead letter replayed once, twice
+        assert figures["clean_once"] == figures["crash_once"] == "1", stdout[-3000:]
     if name == "throughput":  # the cap is applied: less read ahead than at librdkafka defaults
         assert 0 < int(figures["read_ahead"]) < int(figures["read_ahead_defaults"]), figures
     if name == "peers":  # smoke mode never installs a peer (CI must not reach for PyPI)
