@@ -26,9 +26,10 @@ backoff with the last heartbeat details, which stay with the key; dead-lettered 
 ``max_attempts``), so a record that kills its worker every time ends in the DLQ instead of
 holding its partition. A claim also says where its delivery stands (``turn_of``): a record
 delivered again after its work was handed on to a later attempt (its commit lost in a crash) is
-stale and skipped, so attempts never count backwards. The handler's effect must itself be keyed (a unique constraint, or
-``apply_once`` in the store's transaction): the lease makes "claim, then work" safe against a
-worker dying between the two, the key makes the effect happen once.
+stale and skipped, so attempts never count backwards. The handler's effect must itself be
+keyed (a unique constraint, or ``apply_once`` in the store's transaction): the lease makes
+"claim, then work" safe against a worker dying between the two, the key makes the effect
+happen once.
 
 Heartbeat details also travel on the retry record (``kw-checkpoint``, up to 4 KiB), so the
 next attempt resumes from them without a store too.

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from kworkers.testing.broker import Broker, broker_from_env
-from kworkers.testing.workload import full_runs
+from kworkers.testing.workload import SIZE_SCALE_ENV, full_runs
 
 pytest_plugins = ["kworkers.testing.registry_fixtures"]  # schema_registry, fault_registry
 
@@ -39,6 +39,9 @@ def in_ci() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "full_only: too long for CI; runs only with KWORKERS_FULL=1 (by hand)")
+    if in_ci() and os.environ.get(SIZE_SCALE_ENV):
+        raise pytest.UsageError(f"{SIZE_SCALE_ENV} is for the by-hand size search: CI runs "
+                                "every scenario at its own CI size")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Iterable
@@ -17,10 +18,26 @@ def full_runs() -> bool:
     return os.environ.get("KWORKERS_FULL", "") not in ("", "0")
 
 
+#: CI sizes times this factor (rounded up), for the by-hand search of the smallest size at
+#: which each scenario's canary still fails (docs/RELIABILITY.md, "CI and full sizes")
+SIZE_SCALE_ENV = "KWORKERS_SIZE_SCALE"
+
+
 def full_size(full: int, ci: int) -> int:
     """A test's size: ``full`` in a full-size run, else the small ``ci`` size that keeps CI
-    short."""
-    return full if full_runs() else ci
+    short (scaled by ``KWORKERS_SIZE_SCALE`` when it is set: never in CI)."""
+    if full_runs():
+        return full
+    raw = os.environ.get(SIZE_SCALE_ENV)
+    if not raw:
+        return ci
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise ValueError(f"{SIZE_SCALE_ENV}={raw!r}: give a factor such as 0.5") from None
+    if not scale > 0:
+        raise ValueError(f"{SIZE_SCALE_ENV}={raw!r}: the factor must be > 0")
+    return math.ceil(ci * scale)
 
 
 def unique(prefix: str) -> str:
