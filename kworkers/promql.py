@@ -1,4 +1,4 @@
-"""Label values written into PromQL: the one check every query builder makes.
+"""PromQL the query builders share: the label-value check every one makes, and ``new_in``.
 
 Why one place: a group id is the operator's text, and the queries built from it (the share
 and drainable-lag triggers, the dashboard, the alerts) put it between double quotes in a label
@@ -9,8 +9,6 @@ series without the label. Such a value is refused, in one line (``ConfigError``:
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from kworkers.errors import ConfigError
 
@@ -25,9 +23,12 @@ def quoted(value: str, what: str = "group") -> str:
     return f'"{value}"'
 
 
-def check_all(values: Iterable[str], what: str = "group") -> tuple[str, ...]:
-    """Every value checked (``quoted``), returned as given."""
-    out = tuple(values)
-    for v in out:
-        quoted(v, what)
-    return out
+def new_in(counter: str, window: str) -> str:
+    """What ``counter`` counted in ``window``, a series born in it included.
+
+    A counter whose labels are known only when it first counts (``kworkers_dead_letters_total``
+    by error type) is born at its first value, and ``increase`` sees no increase in a series'
+    first sample: the first dead letters of a new error type would never fire. A series with
+    no sample ``window`` ago counts its whole value; the others their ``increase``."""
+    born = f"({counter} unless {counter} offset {window})"
+    return f"(increase({counter}[{window}]) unless {born}) or {born}"

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from kworkers.promql import quoted
+from kworkers.promql import new_in, quoted
 from kworkers.topic_names import retry_group
 
 Severity = Literal["page", "ticket"]
@@ -52,17 +52,6 @@ class Rule:
         for s in self.signals:
             if s not in self.expr:
                 raise ValueError(f"{self.alert}: signal not in its expression: {s}")
-
-
-def new_in(counter: str, window: str) -> str:
-    """What ``counter`` counted in ``window``, a series born in it included.
-
-    A counter whose labels are known only when it first counts (``kworkers_dead_letters_total``
-    by error type) is born at its first value, and ``increase`` sees no increase in a series'
-    first sample: the first dead letters of a new error type would never fire. A series with
-    no sample ``window`` ago counts its whole value; the others their ``increase``."""
-    born = f"({counter} unless {counter} offset {window})"
-    return f"(increase({counter}[{window}]) unless {born}) or {born}"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from kworkers.promql import new_in
+
 Source = Literal["kworkers", "kube-state-metrics"]
 Kind = Literal["timeseries", "state"]
 
@@ -112,7 +114,7 @@ ROWS: tuple[Row, ...] = (
                      "{{group}} hand-off failed {{destination}}"))),
         Panel("DLQ growth", "Records dead-lettered in the last hour, by error type.", "short",
               (Query(f"sum by (group, error_type) "
-                     f"(increase(kworkers_dead_letters_total{{{SEL}}}[1h]))",
+                     f"({new_in(f'kworkers_dead_letters_total{{{SEL}}}', '1h')})",
                      "{{group}} {{error_type}}"),)),
         Panel("Retry tiers: waiting and due", "A tier partition's fetched records waiting for "
               "their due time, and due (running or queued).", "short",

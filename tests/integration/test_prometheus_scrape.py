@@ -22,7 +22,10 @@ renamed metric and a wrong label coming back empty, and the check reporting exac
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -106,6 +109,7 @@ def observed(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
     rules = tmp / "alerts.yml"
     shutil.copy(ROOT / "deploy/prometheus/alerts.yml", rules)
     ksm = _static(KSM)
+    began = time.time()
     ports = free_port(), free_port(), free_port()
     workers: list[WorkerProcess] = []
     with PrometheusServer(tmp / "prometheus", SCRAPE_S, job=scrape, rule_files=[rules]) as prom:
@@ -142,10 +146,23 @@ def observed(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
             wait_for(lambda: _value(prom, c_lag) > 1, 30, "C's time lag reported")
             assert _value(prom, "kworkers_partition_stalled") == 1, "C stopped too early"
             yield Observed(prom, time.time(), (ga, gb, gc))
+            _picture(prom, began, (ga, gb, gc))
         finally:
             for w in workers:
                 w.close()
             ksm.shutdown()
+
+
+def _picture(prom: PrometheusServer, began: float, groups: tuple[str, ...]) -> None:
+    """By hand only (``KWORKERS_DASHBOARD_PNG``, matplotlib installed): the dashboard drawn
+    from this run's data (scripts/dashboard_picture.py), before Prometheus stops."""
+    out = os.environ.get("KWORKERS_DASHBOARD_PNG")
+    if not out:
+        return
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "dashboard_picture.py"),
+                    "--prometheus", prom.url, "--start", f"{began:.3f}",
+                    "--end", f"{time.time():.3f}", "--group", f"({'|'.join(groups)})(.retry)?",
+                    "--out", out], check=True, timeout=300)
 
 
 def missing(prom: PrometheusServer, exprs: list[str], at: float) -> list[str]:
