@@ -15,13 +15,16 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import Counter
 
 from kworkers.errors import ConfigError
-from kworkers.metrics import Metrics
+from kworkers.metrics import MetricName, Metrics
 from kworkers.observability import alerts
 from kworkers.observability.panels import EXTERNAL_METRICS, TARGET_LABELS, queries
 
@@ -178,6 +181,14 @@ def test_every_expression_names_registered_metrics_and_their_labels() -> None:
     exprs = [r.expr for r in alerts.rules()] + [q.expr for _, q in queries()]
     problems = {e: (unknown_names(e), unknown_labels(e)) for e in exprs}
     assert {e: p for e, p in problems.items() if p != ([], [])} == {}
+
+
+def test_the_metric_name_literal_is_what_the_registry_registers() -> None:
+    """``MetricName`` (a typo is a type error) names exactly the series families
+    ``Metrics`` registers (counters with ``_total``), so neither can drift from the other."""
+    families: list[Any] = list(set(Metrics().registry._names_to_collectors.values()))
+    registered = {f"{c._name}_total" if isinstance(c, Counter) else c._name for c in families}
+    assert set(typing.get_args(MetricName)) == registered
 
 
 def test_canary_the_label_check_sees_a_wrong_label() -> None:
