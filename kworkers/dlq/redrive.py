@@ -27,9 +27,10 @@ partitioner would put the key: librdkafka's default partitioner is not Java's, a
 other records (and its order) live on the original partition.
 
 Memory is bounded whatever the DLQ's size (issue #50; before it the DLQ, the ledger's keys
-and every replay were held at once): a chunk of records and librdkafka's read-ahead (8 MiB),
-one bit per DLQ offset for the ledger (125 KB a million dead letters), one batch of replays,
-and the summary's counts with a sample of ``SAMPLE`` replays and refusals (``sweep``).
+and every replay were held at once): a chunk of 500 records and librdkafka's read-ahead (a
+thousand records a partition, at most 8 MiB of values), one bit per DLQ offset for the ledger
+(125 KB a million dead letters), one batch of 500 replays, and the summary's counts with a
+sample of ``SAMPLE`` (200) replays and refusals (``sweep``).
 
 Every redrive that is not a dry run is also written down for people: who started it, through
 what, when, which selection, and how it ended, in ``<dlq>.audit`` (``kworkers.dlq.audit``),

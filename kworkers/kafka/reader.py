@@ -198,9 +198,9 @@ def _read(c: Consumer, topic: str, assign: list[TopicPartition], ends: Mapping[i
         if done:
             c.pause(done)
         if chunk:
-            if idle:
-                deadline = time.monotonic() + timeout
             yield chunk
+            if idle:  # from now: the time the caller spent on the chunk is not idle
+                deadline = time.monotonic() + timeout
 
 
 def read_record(client: ClientSettings | str, topic: str, partition: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
@@ -154,3 +155,75 @@ def test_a_stream_caps_the_read_ahead_in_records_too() -> None:
     mine = reader_settings(ClientSettings.of("x:1", {"queued.min.messages": "50"}),
                            read_ahead=STREAM_READ_AHEAD)
     assert mine["queued.min.messages"] == "50"  # an operator's -X still wins
+
+
+class _Record:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "orders.dlq"
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+class _Consumer:
+    """Gives one record a ``consume``, offsets 0, 1, 2."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def assign(self, _tps: object) -> None:
+        pass
+
+    def pause(self, _tps: object) -> None:
+        pass
+
+    def consume(self, _n: int, _timeout: float) -> list[_Record]:
+        self.next += 1
+        return [_Record(self.next - 1)]
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_streams_timeout_counts_the_brokers_silence_not_the_callers_work(
+        monkeypatch: pytest.MonkeyPatch, idle: bool) -> None:
+    """A redrive at ``--rate 5/s`` spends 100 s on a chunk of 500: that is not the broker
+    being silent. With ``idle`` (a stream) the read goes on; a scan's whole-read bound (the
+    canary here) would give up."""
+    from confluent_kafka import TopicPartition
+
+    from kworkers.kafka import reader
+
+    now = [0.0]
+    monkeypatch.setattr(reader, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    got = []
+    chunks = reader._read(_Consumer(), "orders.dlq",  # type: ignore[arg-type]
+                          [TopicPartition("orders.dlq", 0, 0)], {0: 3}, None, set(), 60.0,
+                          idle=idle)
+    try:
+        for chunk in chunks:
+            got += [m.offset for m in chunk]
+            now[0] += 100.0  # the caller works on it (replays at a slow rate)
+    except reader.ReadTimeout:
+        assert not idle
+        return
+    assert idle and got == [0, 1, 2]
