@@ -188,6 +188,18 @@ def test_every_panel_query_returns_series_without_a_pid(observed: Observed) -> N
     # B's gauges do carry pid (the aggregation above is what removes it)
     assert any(labels.get("pid") for labels, _ in
                prom.series(f'kworkers_in_flight_records{{group="{observed.groups[1]}"}}', at))
+    # the figures added for the dashboard read what happened: a group's ready processes (B's
+    # pool two; A none, its output topic missing; C none, stalled: both answer /readyz 503),
+    # commits timed, tier partitions' records waiting or due
+    ga, gb, gc = observed.groups
+    ready = {labels["group"]: v for labels, v in
+             prom.series("sum by (group) (kworkers_group_processes_ready)", at)}
+    assert {g: ready.get(g) for g in observed.groups} == {ga: 0, gb: 2, gc: 0}, ready
+    timed = {labels["group"]: v for labels, v in prom.series(
+        "sum by (group) (kworkers_commit_duration_seconds_count)", at)}
+    assert timed.get(gb, 0) > 0 and timed.get(gc, 0) > 0, timed
+    tiers = {labels["group"] for labels, _ in prom.series("kworkers_tier_due_records", at)}
+    assert {f"{ga}.retry", f"{gb}.retry"} <= tiers, tiers
     # the groups the dashboard's variable offers
     offered = {labels["group"] for labels, _ in
                prom.series('group by (group) ({__name__=~"kworkers_consumer_lag|'
