@@ -37,7 +37,7 @@ from tests.integration.conftest import wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
 PARTS = 2
-TOTAL = full_size(4000, 1200)  # B (200 ms each) holds fetched work long after the cut
+TOTAL = full_size(4000, 600)  # B (200 ms each) holds fetched work long after the cut
 
 
 class ZombieRuns(AssertionError):
