@@ -26,6 +26,14 @@ from kworkers.consumer.ports import TP, ConsumerPort
 from kworkers.metrics import Metrics
 
 log = logging.getLogger("kworkers.consumer")
+#: every commit sent and every outcome reported, at DEBUG (a fault run's evidence: which member
+#: committed what, when, and what the coordinator answered; ``tests/apps/ledger_worker.py``
+#: turns it on with ``KWORKERS_TEST_COMMIT_LOG=1``)
+trail = logging.getLogger("kworkers.consumer.commits")
+
+
+def _positions(offsets: Mapping[TP, int]) -> str:
+    return " ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(offsets.items()))
 
 
 class Committer:
@@ -124,6 +132,9 @@ class Committer:
 
     def _send(self, run: CommitRun) -> None:
         run.send(self.clock.monotonic())
+        if trail.isEnabledFor(logging.DEBUG):
+            trail.debug("commit sent (%s, attempt %d): %s", run.why, run.attempts,
+                        _positions(run.positions))
         self.consumer.commit_async(dict(run.positions))
 
     def settle(self, targets: Sequence[PartitionState]) -> None:
@@ -148,6 +159,9 @@ class Committer:
         out what went unanswered; returns the runs that finished."""
         now = self.clock.monotonic()
         for offsets, error in self.consumer.commit_results():
+            if trail.isEnabledFor(logging.DEBUG):
+                trail.debug("commit %s: %s", "ok" if error is None else f"refused ({error})",
+                            _positions(offsets))
             run = next((r for r in self.runs if r.sent_at is not None and r.matches(offsets)),
                        None)
             if run is None:  # an earlier attempt's answer, after its run moved on

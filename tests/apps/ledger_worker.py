@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     # fault run after the fact
     logging.basicConfig(level=os.environ.get("KWORKERS_TEST_LOG_LEVEL", "WARNING"),
                         stream=sys.stderr, format="%(asctime)s %(process)d %(name)s %(message)s")
+    if os.environ.get("KWORKERS_TEST_COMMIT_LOG"):
+        # the evidence of a fault run (tests/faults/support.py::commit_trail): every commit
+        # sent and answered, and the partitions given and taken, whatever the level above
+        logging.getLogger("kworkers.consumer").setLevel(logging.INFO)
+        logging.getLogger("kworkers.consumer.commits").setLevel(logging.DEBUG)
     kills = [KillPoint(spec, args.markers) for spec in args.kill]
 
     def at(step: str, key: str) -> None:
@@ -172,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                             claim_always_acquired=args.broken_claim)
     invoker = RecordingInvoker(ledger, ActivityInvoker(claims, lease_s=args.lease_s))
     extra: dict[str, Any] = dict(_setting(s) for s in args.consumer)
+    if os.environ.get("KWORKERS_TEST_CLIENT_DEBUG"):  # librdkafka's debug contexts, e.g. cgrp
+        extra.setdefault("debug", os.environ["KWORKERS_TEST_CLIENT_DEBUG"])
     if args.protocol == "classic":
         extra.setdefault("session.timeout.ms", args.session_timeout_ms)
         extra.setdefault("heartbeat.interval.ms", 500)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
+from kworkers.testing.checker import CommitSample, Fault
 from kworkers.testing.instruments import KillPoint
-from kworkers.testing.ledger import Effect
+from kworkers.testing.ledger import Delivery, Effect
 
 STORE_ENV = {"postgres": "KWORKERS_PG_DSN", "redis": "KWORKERS_REDIS_URL"}
 
@@ -85,7 +87,7 @@ def fired_by(markers: Path) -> set[int]:
 #: worker log lines that tell a partition's owners and the client's own warnings (connection
 #: failures while a broker restarts are left out: hundreds a second)
 _STORY = re.compile(r"--- start|assigned|revoked|lost|%[34]\||Error|exited")
-_NOISE = re.compile(r"Connect to |Connection refused|\.retry")
+_NOISE = re.compile(r"Connect to |Connection refused|\.retry|^%7\||kworkers\.consumer\.commits")
 
 
 def story(logs: Iterable[tuple[str, str]], limit: int = 400) -> str:
@@ -134,3 +136,89 @@ def proc_mb(pid: int, field: str = "VmRSS") -> float:
     except OSError:
         pass
     return 0.0
+
+
+#: what a worker started with ``KWORKERS_TEST_COMMIT_LOG=1`` logs of its commits and partitions
+COMMIT_LOG_ENV = {"KWORKERS_TEST_COMMIT_LOG": "1"}
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}"
+
+
+def commit_evidence(partitions: Collection[int], *, topic: str, group: str, bootstrap: str,
+                    samples: Iterable[CommitSample], deliveries: Iterable[Delivery],
+                    faults: Iterable[Fault], logs: Iterable[tuple[str, str]],
+                    out: Path | None = None) -> str:
+    """Everything that says when ``partitions`` were committed and by whom, for a run that saw
+    committed work run again (``rerun_committed``) or a commit go backwards: the sampler's
+    readings (each change), the group's commits as ``__consumer_offsets`` keeps them (read
+    now: a commit the sampler saw and the log lacks was never durable), each worker's commit
+    trail and assignments (``COMMIT_LOG_ENV``), the deliveries (runs of offsets per process)
+    and the faults. Written to ``out`` too, when given."""
+    from kworkers.testing.offsets_log import offsets_history, render_history
+
+    parts = set(partitions)
+    lines = [f"== evidence for {topic} partitions {sorted(parts)} (times UTC)"]
+    lines.append("-- faults")
+    lines += [f"{_utc(f.at)} {f.what} floors {dict(sorted(f.floors.items()))}" for f in faults]
+    for part in sorted(parts):
+        lines.append(f"-- partition {part}: sampler readings (changes)")
+        last: int | None = None
+        for s in samples:
+            pos = s.positions.get(part)
+            if pos != last:
+                asked = "" if s.started is None else f" (asked {_utc(s.started)})"
+                lines.append(f"{_utc(s.at)} {pos}{asked}")
+                last = pos
+        lines.append(f"-- partition {part}: deliveries (runs of offsets per process)")
+        run: list[Delivery] = []
+        mine = (d for d in deliveries if d.topic == topic and d.partition == part)
+        for d in sorted(mine, key=lambda d: d.at):
+            if run and (d.pid != run[-1].pid or d.offset != run[-1].offset + 1):
+                lines.append(_run_line(run))
+                run = []
+            run.append(d)
+        if run:
+            lines.append(_run_line(run))
+    try:
+        history = offsets_history(bootstrap, group, topic)
+        lines.append(f"-- __consumer_offsets: {len(history)} commits of {group} on {topic}")
+        lines.append(render_history(history, parts))
+    except Exception as exc:  # the evidence must not hide the failure it explains
+        lines.append(f"-- __consumer_offsets could not be read: {exc!r}")
+    names = tuple(f"{topic}[{p}]" for p in sorted(parts))
+    client = tuple(f"{topic} [{p}]" for p in sorted(parts))
+    for name, text in logs:
+        lines.append(f"-- {name}: commits and assignments (and the client's offsets, with "
+                     f"KWORKERS_TEST_CLIENT_DEBUG=cgrp,topic)")
+        for line in text.splitlines():
+            if line.startswith("--- start") or ("kworkers.consumer" in line and (
+                    any(n in line for n in names) or
+                    any(w in line for w in (" assigned ", " revoked ", " lost ")))):
+                lines.append(line[:300])
+            elif line.startswith("%") and _CLIENT_OFFSETS.search(line) and \
+                    any(n in line for n in client):
+                lines.append(_client_line(line)[:300])
+    text = "\n".join(lines)
+    if out is not None:
+        out.write_text(text)
+    return text
+
+
+#: librdkafka's debug lines that say where a partition starts: the committed offset the
+#: coordinator answered, a reset to ``auto.offset.reset``, the first fetch position
+_CLIENT_OFFSETS = re.compile(r"OffsetFetchResponse|offset reset|start fetching at|"
+                             r"back to pending list")
+_CLIENT_TIME = re.compile(r"^%(\d)\|(\d+\.\d+)\|")
+
+
+def _client_line(line: str) -> str:
+    """A librdkafka log line with its epoch time in UTC, as the rest of the evidence."""
+    m = _CLIENT_TIME.match(line)
+    return line if m is None else f"{_utc(float(m.group(2)))} %{m.group(1)}{line[m.end() - 1:]}"
+
+
+def _run_line(run: list[Delivery]) -> str:
+    return (f"{_utc(run[0].at)}-{_utc(run[-1].at)} pid {run[0].pid} offsets "
+            f"{run[0].offset}..{run[-1].offset}")

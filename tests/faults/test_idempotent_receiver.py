@@ -30,7 +30,9 @@ from kworkers.testing.processes import WorkerProcess, keep_alive
 from kworkers.testing.workload import full_size, make_topic, produce_activities, unique
 from tests.apps.ledger_worker import COMPLETES
 from tests.faults.support import (
+    COMMIT_LOG_ENV,
     beyond_the_lease_limit,
+    commit_evidence,
     fired_by,
     kill_point_landed,
     killed_between_effect_and_complete,
@@ -64,9 +66,9 @@ def _until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None], w
 
 
 def _workers(n: int, bs: str, topic: str, group: str, tmp: Path,
-             *extra: str) -> list[WorkerProcess]:
+             *extra: str, env: dict[str, str] | None = None) -> list[WorkerProcess]:
     args = ["-m", "tests.apps.ledger_worker", bs, topic, group, *extra]
-    return [WorkerProcess(args, tmp, f"w{i}", cwd=ROOT) for i in range(n)]
+    return [WorkerProcess(args, tmp, f"w{i}", cwd=ROOT, env=env) for i in range(n)]
 
 
 def _applied(ledger: Ledger, keys: set[str]) -> bool:
@@ -208,7 +210,8 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
     lease = REDIS_LEASE_S if kind == "redis" else 3
     workers = _workers(3, bs, topic, group, tmp_path, "--store", url, *effect,
                        "--ledger-table", table, "--fail-rate", "0.5", "--lease-s", str(lease),
-                       "--markers", str(markers), *(f"--kill={k}" for k in kill_points))
+                       "--markers", str(markers), *(f"--kill={k}" for k in kill_points),
+                       env=COMMIT_LOG_ENV)
     commits = CommitSampler(bs, group, topic).start()
     # a victim's commit sent just before its death may land after the floor read right
     # after it; readings within half its session bind too (checker.Fault.settle_s)
@@ -257,12 +260,26 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
                       "committed")
         for w in workers:
             w.terminate()
-        report = check(ledger, log=read_log(bs, topic), faults=faults.faults,
-                       commits=commits.stop())
+        samples = commits.stop()
+        report = check(ledger, log=read_log(bs, topic), faults=faults.faults, commits=samples)
         print(report.summary(), f"sampler gaps {commits.gaps}")
         if [f for f in report.failures() if not f.startswith("duplicates=")]:
             print(f"faults: {faults.faults}")
             print(story((w.log_path.stem, w.log()) for w in workers))
+        moved = {p for p, _ in report.rerun_committed} | {p for p, *_ in report.non_monotonic}
+        if os.environ.get("KWORKERS_TEST_EVIDENCE"):  # a hunt keeps every run's, quietly
+            commit_evidence(set(samples[-1].positions), topic=topic, group=group, bootstrap=bs,
+                            samples=samples, deliveries=ledger.deliveries(),
+                            faults=faults.faults,
+                            logs=[(w.log_path.stem, w.log()) for w in workers],
+                            out=tmp_path / "evidence-all.txt")
+        if moved:  # committed work run again: who committed what, and what the broker kept
+            (tmp_path / "broker.log").write_text(fault_broker.logs())
+            print(commit_evidence(moved, topic=topic, group=group, bootstrap=bs,
+                                  samples=samples, deliveries=ledger.deliveries(),
+                                  faults=faults.faults,
+                                  logs=[(w.log_path.stem, w.log()) for w in workers],
+                                  out=tmp_path / "evidence.txt"))
         assert report.redeliveries > 0, "no redelivery happened"
         # the kills and the broker restart (Redis: the processes whose kill points fired; two
         # lanes of one process may both reach theirs before its SIGKILL lands: 2 markers, 1
