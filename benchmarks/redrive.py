@@ -59,6 +59,11 @@ class Run:
     peak_rss_mb: float
     last_line: str
 
+    def __str__(self) -> str:
+        return (f"exit {self.status}, {self.wall_s:.1f}s wall, {self.cpu_s:.1f}s CPU, peak RSS "
+                f"{self.peak_rss_mb:.0f} MiB" + (f": {self.last_line}" if self.status == 0
+                                                  else ""))
+
 
 @dataclass(frozen=True)
 class ReadBack:
@@ -223,19 +228,14 @@ def main(mode: Mode) -> None:
                       f"{load_before[0]:.2f})")
 
         clean = redrive(bs, dlq)
-        console.print(f"clean: exit {clean.status}, {clean.wall_s:.1f}s wall, "
-                      f"{clean.cpu_s:.1f}s CPU, peak RSS {clean.peak_rss_mb:.0f} MiB: "
-                      f"{clean.last_line}")
+        console.print(f"clean: {clean}")
         clean_back = read_back(bs, source, dlq, n)
         console.print(f"clean, read back ({clean_back.reader}): {clean_back}")
 
         crashed = redrive(bs, dlq2, {"KWORKERS_REDRIVE_CRASH_AFTER": str(n // 2)})
-        console.print(f"crash at 50 %: exit {crashed.status} after {crashed.wall_s:.1f}s "
-                      f"({crashed.cpu_s:.1f}s CPU, peak RSS {crashed.peak_rss_mb:.0f} MiB)")
+        console.print(f"crash at 50 %: {crashed}")
         rerun = redrive(bs, dlq2)
-        console.print(f"rerun: exit {rerun.status}, {rerun.wall_s:.1f}s wall, "
-                      f"{rerun.cpu_s:.1f}s CPU, peak RSS {rerun.peak_rss_mb:.0f} MiB: "
-                      f"{rerun.last_line}")
+        console.print(f"rerun: {rerun}")
         crash_back = read_back(bs, source2, dlq2, n)
         console.print(f"crash + rerun, read back ({crash_back.reader}): {crash_back}")
         load_after = os.getloadavg()
