@@ -4,7 +4,7 @@ and the bar's rate and ETA (issue #50: a DLQ of any size in bounded memory)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -227,3 +227,40 @@ def test_a_streams_timeout_counts_the_brokers_silence_not_the_callers_work(
         assert not idle
         return
     assert idle and got == [0, 1, 2]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_console_job_page_shows_rate_and_eta() -> None:
+    import threading
+    import warnings
+
+    from kworkers.console.jobs import Jobs
+    from kworkers.console.settings import ConsoleSettings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+        from kworkers.console.app import create_app
+
+    ticks = iter([100.0, 110.0])
+    jobs = Jobs(clock=lambda: next(ticks, 110.0))
+    reported, release = threading.Event(), threading.Event()
+
+    def run(progress: Callable[[int, int], None]) -> RedriveSummary:
+        progress(250, 1_000)
+        reported.set()
+        release.wait(30)
+        return RedriveSummary("orders.dlq", 1_000, 1_000, 0, 0, False)
+
+    job = jobs.start("orders.dlq", "all", run, str)
+    assert reported.wait(30)
+    s = ConsoleSettings(ClientSettings.of("127.0.0.1:1", {}), connect_timeout=0.5)
+    try:
+        with TestClient(create_app(s, jobs=jobs, secret=b"s" * 32),
+                        base_url="http://127.0.0.1:8080") as c:
+            text = c.get(f"/jobs/{job.id}").text
+    finally:
+        release.set()
+    assert '<span id="job-count">250 / 1,000</span> records of the DLQ gone through' in text
+    assert '<span id="job-rate">25/s</span>' in text and '<span id="job-eta">30 s</span>' in text
