@@ -67,6 +67,7 @@ from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.routing import is_retryable
 from kworkers.retry_tiers.tier_record import TierRules
 from kworkers.supervision import Supervisor
+from kworkers.tracing import TracedInvoke
 
 if TYPE_CHECKING:
     from kworkers.share.ports import SharePort
@@ -196,13 +197,22 @@ class Assembly:
                             p.metrics.retry_lateness.labels(consumer.group), p.clock)
         offsets = BrokerOffsets(cfg.client)
         return Processor(cfg.loop, consumer, topics,
-                         self._runner(consumer.group, cfg.message_timeout, self.invoke),
+                         self._runner(consumer.group, cfg.message_timeout,
+                                      self._invoke_for(consumer.group)),
                          p.metrics, p.clock, p.supervisor, gate, offsets,
                          self._membership(consumer, real=made is None),
                          self._transactions(consumer.group),
                          # the lag gauge's reads at assignment: a consumer of a test's own has
                          # no broker behind it
                          lag_source=offsets if made is None else None)
+
+    def _invoke_for(self, group: str) -> Invoker:
+        """The worker's invoker; a ``TracedInvoke`` told the consumer group it runs records
+        of, so each span names it (``messaging.consumer.group.name``)."""
+        given = self.parts.invoke
+        if isinstance(given, TracedInvoke):
+            return keyed(given.in_group(group), self.keys)
+        return self.invoke
 
     def _transactions(self, group: str) -> TransactionPort | None:
         """Exactly once: the loop's transactional producer, under an id derived from the

@@ -39,6 +39,10 @@ DUE_AT = "kw-due-at"
 DEAD_LETTERED_AT = "kw-dead-lettered-at"
 DLQ_REASON = "kw-dlq-reason"
 REDRIVE_OF = "kw-redrive-of"
+#: the span of the attempt that failed (a W3C ``traceparent`` value), written by the hand-off to
+#: a tier or the DLQ and kept by a redrive: the next attempt's span links to it
+#: (``kworkers.tracing``). Ours, not the record's: the user's ``traceparent`` is never touched
+TRACE_PREVIOUS = "kw-trace-previous"
 #: the last heartbeat details of the attempt that failed, on a retry record (raw bytes, at
 #: most ``MAX_HEADER_VALUE``): the next attempt resumes from them without a store too
 CHECKPOINT = "kw-checkpoint"
@@ -61,7 +65,7 @@ OWN_HEADERS = frozenset({
     ATTEMPT, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP,
     ORIGINAL_TOPIC_ID, GROUP,
     FIRST_FAILURE_AT, LAST_FAILURE_AT, ERROR_TYPE, ERROR_MESSAGE, DUE_AT, DEAD_LETTERED_AT,
-    DLQ_REASON, REDRIVE_OF, CHECKPOINT, SCHEMA_ID,
+    DLQ_REASON, REDRIVE_OF, CHECKPOINT, SCHEMA_ID, TRACE_PREVIOUS,
 })
 OWN_PREFIXES = ("kafka_dlt-",)
 
@@ -461,9 +465,16 @@ def redrive_headers(dead: Message) -> Headers:
 
     The failure headers go, so the replay gets a fresh retry budget and, if it fails again,
     its own first failure; user headers (and the trace context) stay so the trace continues.
+    ``kw-trace-previous`` (the span of the attempt that dead-lettered it) is kept on purpose,
+    although it is ours: the replay's span links to that attempt, so a redrive days later
+    still shows the attempts it follows (``kworkers.tracing``).
     """
-    return (
+    out: tuple[tuple[str, bytes], ...] = (
         *user_headers(dead.headers),
         (ATTEMPT, b"1"),
         (REDRIVE_OF, _enc(f"{dead.topic}/{dead.partition}/{dead.offset}")),
     )
+    previous = last_value(dead.headers, TRACE_PREVIOUS) if dead.headers else None
+    if previous is not None and len(previous) <= MAX_HEADER_VALUE:
+        out = (*out, (TRACE_PREVIOUS, previous))
+    return out

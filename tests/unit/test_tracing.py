@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -13,12 +13,18 @@ import pytest
 
 from kworkers import Message, activity
 from kworkers.consumer.ports import Invoker, Records
+from kworkers.errors import DecodeError
+from kworkers.retry_tiers.headers import redrive_headers, user_headers
+from kworkers.retry_tiers.router import failure_headers
 from kworkers.tracing import (
+    Conventions,
+    SpanLink,
     TracedInvoke,
     TraceParent,
     generate_traceparent,
     otel_span_starter,
     parse_traceparent,
+    plan_span,
     span_attributes,
     trace_context_of,
     traced_invoke,
@@ -107,23 +113,42 @@ def test_trace_context_of_a_record() -> None:
 # ---------------------------------------------------------------------- invoker
 
 
+class FakeSpan:
+    """An open span of ``FakeTracer``: its own context, attributes set on it land in ``rec``."""
+
+    def __init__(self, rec: dict[str, Any], context: TraceParent | None) -> None:
+        self.rec = rec
+        self._context = context
+
+    @property
+    def context(self) -> TraceParent | None:
+        return self._context
+
+    def set_attribute(self, key: str, value: str | int) -> None:
+        self.rec["attrs"][key] = value
+
+
 class FakeTracer:
-    """Records each span: name, parent, tracestate, attributes, and the error it ended with."""
+    """Records each span: name, parent, tracestate, attributes, links, its own context and the
+    error it ended with."""
 
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self.open = 0
 
     def __call__(self, name: str, parent: TraceParent | None, tracestate: str | None,
-                 attributes: Mapping[str, str | int]) -> AbstractContextManager[Any]:
+                 attributes: Mapping[str, str | int], links: Sequence[SpanLink] = ()
+                 ) -> AbstractContextManager[Any]:
         @contextmanager
-        def span() -> Iterator[dict[str, Any]]:
+        def span() -> Iterator[FakeSpan]:
+            own = (parent or generate_traceparent()).child()
             rec: dict[str, Any] = {"name": name, "parent": parent, "state": tracestate,
-                                   "attrs": dict(attributes), "error": None}
+                                   "attrs": dict(attributes), "links": tuple(links),
+                                   "context": own, "error": None}
             self.spans.append(rec)
             self.open += 1
             try:
-                yield rec
+                yield FakeSpan(rec, own)
             except BaseException as exc:
                 rec["error"] = exc
                 raise
@@ -134,7 +159,7 @@ class FakeTracer:
 
 def test_sync_handler_runs_inside_a_span_per_attempt() -> None:
     tracer = FakeTracer()
-    invoke: Invoker = TracedInvoke(tracer)
+    invoke: Invoker = TracedInvoke(tracer, conventions=Conventions())
     seen: list[int] = []
 
     def handler(m: Message) -> str:
@@ -295,3 +320,128 @@ def test_opentelemetry_span_joins_the_records_trace() -> None:
     assert span.attributes["kworkers.attempt"] == 2
     assert span.attributes["messaging.kafka.offset"] == 42
     assert not span.status.is_ok
+
+
+# ---------------------------------------------------------------------- conventions, links
+
+PREV = f"00-{TID}-{'a' * 16}-01"
+
+
+@pytest.mark.parametrize(("value", "old", "new"), [
+    (None, True, False), ("", True, False), ("http", True, False),
+    ("messagingx", True, False), ("http, messaging", False, True),
+    ("messaging,messaging/dup", True, True), (" messaging/dup ", True, True),
+])
+def test_the_opt_in_variable_picks_the_conventions(value: str | None, old: bool,
+                                                   new: bool) -> None:
+    assert Conventions.from_opt_in(value) == Conventions(old=old, new=new)
+
+
+def test_a_conventions_value_carries_at_least_one_set() -> None:
+    with pytest.raises(ValueError):
+        Conventions(old=False, new=False)
+
+
+def test_the_parent_is_the_records_traceparent_and_the_earlier_attempt_a_link() -> None:
+    m = msg(("traceparent", VALID.encode()), ("kw-trace-previous", PREV.encode()), attempt=2)
+    plan = plan_span(m)
+    assert plan.parent == TraceParent(TID, SID)
+    assert plan.links == (SpanLink(TraceParent(TID, SID), "creation"),
+                          SpanLink(TraceParent(TID, "a" * 16), "previous_attempt"))
+
+
+def test_without_a_traceparent_the_attempt_before_is_the_parent() -> None:
+    """kworkers never writes a traceparent; its own header keeps the attempts in one trace."""
+    plan = plan_span(msg(("kw-trace-previous", PREV.encode()), attempt=2))
+    assert plan.parent == TraceParent(TID, "a" * 16)
+    assert plan.links == (SpanLink(TraceParent(TID, "a" * 16), "previous_attempt"),)
+    assert plan_span(msg(("kw-trace-previous", b"garbage"))).parent is None
+
+
+def test_a_batch_links_every_records_creation_context_once() -> None:
+    other = f"00-{'b' * 32}-{'c' * 16}-01".encode()
+    batch = [msg(("traceparent", VALID.encode())), msg(("traceparent", other)),
+             msg(("traceparent", VALID.encode()))]
+    plan = plan_span(batch, Conventions(old=False, new=True))
+    assert plan.parent == TraceParent(TID, SID)
+    assert [lk.context.trace_id for lk in plan.links] == [TID, "b" * 32]
+    assert plan.attributes["messaging.batch.message_count"] == 3
+    assert "messaging.kafka.offset" not in plan.attributes  # new: single records only
+
+
+def test_old_new_and_dup_names_and_attributes() -> None:
+    m = msg(("kw-redrive-of", b"orders.dlq/0/7"))
+    old = plan_span(m, Conventions(), group="billing")
+    assert old.name == "orders process"
+    assert dict(old.attributes) == {
+        "messaging.system": "kafka", "messaging.operation.type": "process",
+        "messaging.destination.name": "orders", "messaging.destination.partition.id": "3",
+        "messaging.kafka.offset": 42, "kworkers.attempt": 1,
+        "kworkers.redrive_of": "orders.dlq/0/7"}
+    new = plan_span(m, Conventions(old=False, new=True), group="billing")
+    assert new.name == "process orders"
+    assert dict(new.attributes) == {
+        **old.attributes, "messaging.operation.name": "process",
+        "messaging.consumer.group.name": "billing"}
+    dup = plan_span(m, Conventions(old=True, new=True), group="billing")
+    assert (dup.name, dict(dup.attributes)) == (new.name, dict(new.attributes))
+
+
+def test_a_failed_attempt_hands_its_span_to_the_hand_off() -> None:
+    """The exception carries ``kw-trace-previous`` (beside a failure's own headers) into
+    ``failure_headers``, which the router appends to the tier or DLQ record."""
+    tracer = FakeTracer()
+    schema = DecodeError("bad payload")
+    schema.failure_headers = (("kw-schema-id", b"7"),)  # type: ignore[attr-defined]
+
+    def handler(m: Message) -> None:
+        raise schema
+
+    with pytest.raises(DecodeError):
+        TracedInvoke(tracer, conventions=Conventions(old=False, new=True))(
+            handler, msg(("traceparent", VALID.encode())))
+    (span,) = tracer.spans
+    assert failure_headers(schema) == (
+        ("kw-schema-id", b"7"), ("kw-trace-previous", span["context"].header().encode()))
+    assert span["attrs"]["error.type"] == "DecodeError"
+
+
+def test_each_hop_replaces_the_link_and_a_redrive_keeps_it() -> None:
+    m = msg(("traceparent", VALID.encode()), ("kw-trace-previous", PREV.encode()), attempt=2)
+    newer = f"00-{TID}-{'d' * 16}-01".encode()
+    tier = (*user_headers(m.headers), ("kw-trace-previous", newer))
+    assert [v for k, v in tier if k == "kw-trace-previous"] == [newer]
+    dead = Message("orders.dlq", 0, 5, None, None, tier)
+    replay = redrive_headers(dead)
+    assert dict(replay)["kw-trace-previous"] == newer
+    assert dict(replay)["traceparent"] == VALID.encode()  # the user's, unchanged
+    assert "kw-trace-previous" not in dict(redrive_headers(dead._replace(headers=())))
+
+
+def test_the_opt_in_variable_renames_a_real_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the environment, as an operator sets it: the OpenTelemetry SDK's spans."""
+    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+    export = pytest.importorskip("opentelemetry.sdk.trace.export")
+    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+    exporter = memory.InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    m = msg(("traceparent", VALID.encode()), ("kw-trace-previous", PREV.encode()), attempt=2)
+    names = {}
+    for value in (None, "messaging", "messaging/dup"):
+        if value is None:
+            monkeypatch.delenv("OTEL_SEMCONV_STABILITY_OPT_IN", raising=False)
+        else:
+            monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", value)
+        exporter.clear()
+        invoke = TracedInvoke(otel_span_starter(provider)).in_group("billing")
+        invoke(lambda x: None, m)
+        (span,) = exporter.get_finished_spans()
+        names[value] = (span.name, span.attributes.get("messaging.operation.name"),
+                        span.attributes.get("messaging.consumer.group.name"))
+        assert format(span.parent.span_id, "016x") == SID
+        assert [(format(lk.context.span_id, "016x"), lk.attributes["kworkers.link"])
+                for lk in span.links] == [(SID, "creation"), ("a" * 16, "previous_attempt")]
+    assert names == {None: ("orders process", None, None),
+                     "messaging": ("process orders", "process", "billing"),
+                     "messaging/dup": ("process orders", "process", "billing")}
