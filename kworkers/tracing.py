@@ -17,7 +17,8 @@ context and MAY take it as its parent for a single message, documented):
   tools that read links, as the spec's own "parent and link" example does; for a batch, the
   only tie to its other records' producers), attribute ``kworkers.link`` = ``creation``; and to
   **the attempt before**, for a retry or a redriven record, ``kworkers.link`` =
-  ``previous_attempt``. A link, not a parent: the earlier attempt did not cause this one, the
+  ``previous_attempt`` (and ``kworkers.link.via``: the retry tier or the dead letter in
+  between). A link, not a parent: the earlier attempt did not cause this one, the
   record did; a retry an hour later is a sibling that points back.
 - **The attempt before** travels in kworkers' own header ``kw-trace-previous`` (a
   ``traceparent``-formatted value): when a handler raises, its span's context rides on the
@@ -61,6 +62,7 @@ from kworkers.consumer.ports import Handler, Invoker, Records
 from kworkers.errors import failure_type
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import REDRIVE_OF, TRACE_PREVIOUS, last_value
+from kworkers.topic_names import is_tier_topic
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -208,12 +210,25 @@ LinkKind = Literal["creation", "previous_attempt"]
 LINK_KIND = "kworkers.link"
 
 
+#: the attribute on a ``previous_attempt`` link saying which hop lies between: the retry tier
+#: the record waited in, or the dead letter a redrive replayed (``dlq/partition/offset``)
+LINK_VIA = "kworkers.link.via"
+
+
 @dataclass(frozen=True)
 class SpanLink:
-    """A link of a process span: the record's creation context, or the attempt before."""
+    """A link of a process span: the record's creation context, or the attempt before
+    (``via``: the hop in between, when the record tells it)."""
 
     context: TraceParent
     kind: LinkKind
+    via: str | None = None
+
+    def attributes(self) -> dict[str, str]:
+        got: dict[str, str] = {LINK_KIND: self.kind}
+        if self.via is not None:
+            got[LINK_VIA] = self.via
+        return got
 
 
 @dataclass(frozen=True)
@@ -277,7 +292,12 @@ def plan_span(msg: Records, conventions: Conventions = Conventions(),
 
 def _previous_link(msg: Message) -> SpanLink | None:
     before = previous_attempt_of(msg)
-    return None if before is None else SpanLink(before, "previous_attempt")
+    if before is None:
+        return None
+    redrive_of = msg.header_str(REDRIVE_OF)
+    via = f"dead letter {redrive_of}" if redrive_of else (
+        f"retry tier {msg.topic}" if is_tier_topic(msg.topic) else None)
+    return SpanLink(before, "previous_attempt", via)
 
 
 # ---------------------------------------------------------------------- spans
@@ -333,7 +353,7 @@ def otel_span_starter(tracer_provider: Any = None) -> SpanStarter | None:
                                                    int(k.context.span_id, 16), is_remote=True,
                                                    trace_flags=trace.TraceFlags(
                                                        k.context.flags)),
-                                 {LINK_KIND: k.kind}) for k in links]
+                                 k.attributes()) for k in links]
         return _opened(tracer.start_as_current_span(
             name, context=ctx, kind=consumer_kind, attributes=dict(attributes),
             links=otel_links))

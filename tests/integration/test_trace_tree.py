@@ -34,6 +34,7 @@ from kworkers.dlq import replayer
 from kworkers.dlq.redrive import redrive
 from kworkers.message import Headers
 from kworkers.retry_tiers.headers import TRACE_PREVIOUS, redrive_headers
+from kworkers.retry_tiers.policy import no_jitter
 from kworkers.testing import Broker
 from kworkers.testing.workload import make_topic, produce, read_all, unique
 from tests.integration.conftest import running, wait_for
@@ -68,7 +69,7 @@ def check_tree(spans: list[Any], topic: str, tiers: list[str], group: str, retry
         assert s.parent is not None and s.parent.span_id == send.context.span_id, s.name
         assert _link_of(s, "creation") == [_hex(send.context.span_id, 16)], s.name
     where = [s.attributes["messaging.destination.name"] for s in attempts]
-    assert where[0] == where[3] == topic and set(where[1:3]) <= set(tiers), where
+    assert where == [topic, *tiers, topic], where
     assert [s.name for s in attempts] == [f"process {t}" for t in where]
     assert [s.attributes["kworkers.attempt"] for s in attempts] == [1, 2, 3, 1]
     assert [s.attributes["messaging.consumer.group.name"] for s in attempts] == [
@@ -86,6 +87,10 @@ def check_tree(spans: list[Any], topic: str, tiers: list[str], group: str, retry
     previous = [_link_of(s, "previous_attempt") for s in attempts]
     want: list[list[str]] = [[]] + [[_hex(s.context.span_id, 16)] for s in attempts[:3]]
     assert previous == want, f"a previous attempt link is missing or wrong: {previous}"
+    vias = [lk.attributes.get("kworkers.link.via") for s in attempts[1:] for lk in s.links
+            if lk.attributes.get("kworkers.link") == "previous_attempt"]
+    assert vias == [f"retry tier {where[1]}", f"retry tier {where[2]}",
+                    f"dead letter {dlq}/0/0"], vias
     return attempts
 
 
@@ -116,7 +121,9 @@ def draw(spans: list[Any]) -> str:
             f"group={s.attributes.get('messaging.consumer.group.name')}  {outcome}{extra}")
         for lk in s.links:
             target = label.get(lk.context.span_id, short.get(lk.context.span_id, "?"))
-            lines.append(f"{pad}    link {lk.attributes.get('kworkers.link')} -> {target}")
+            via = lk.attributes.get("kworkers.link.via")
+            lines.append(f"{pad}    link {lk.attributes.get('kworkers.link')} -> {target}"
+                         + (f"  (via {via})" if via else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -138,8 +145,10 @@ def test_a_record_dead_lettered_and_redriven_is_one_followable_trace(
     topic, group = make_topic(bs, unique("trace"), 1), unique("g")
     invoke = tracing.TracedInvoke(tracing.otel_span_starter(provider),
                                   conventions=tracing.Conventions(old=False, new=True))
+    # no jitter: attempt 2 waits in the 0.1 s tier, attempt 3 in the 0.2 s one
     w = Worker(topics=[topic], group_id=group, bootstrap_servers=bs, invoke=invoke,
-               retry=RetryPolicy(initial=0.1, max_attempts=3), tiers=TierLadder((0.1, 0.2)))
+               retry=RetryPolicy(initial=0.1, max_attempts=3), tiers=TierLadder((0.1, 0.2)),
+               jitter=no_jitter)
     w.create_topics()
     healed = threading.Event()
     calls: list[int] = []

@@ -445,3 +445,44 @@ def test_the_opt_in_variable_renames_a_real_span(monkeypatch: pytest.MonkeyPatch
     assert names == {None: ("orders process", None, None),
                      "messaging": ("process orders", "process", "billing"),
                      "messaging/dup": ("process orders", "process", "billing")}
+
+
+def test_the_link_to_the_attempt_before_names_the_hop_between() -> None:
+    prev = ("kw-trace-previous", PREV.encode())
+    tier = Message("orders.retry.5s", 0, 1, None, None, (prev,), None, 2)
+    redriven = msg(prev, ("kw-redrive-of", b"orders.dlq/0/7"))
+    assert [lk.via for lk in plan_span(tier).links] == ["retry tier orders.retry.5s"]
+    assert [lk.via for lk in plan_span(redriven).links] == ["dead letter orders.dlq/0/7"]
+    assert plan_span(redriven).links[0].attributes() == {
+        "kworkers.link": "previous_attempt", "kworkers.link.via": "dead letter orders.dlq/0/7"}
+
+
+def test_an_async_failure_hands_its_span_to_the_hand_off_too() -> None:
+    tracer = FakeTracer()
+    boom = ConnectionError("down")
+
+    async def handler(m: Message) -> None:
+        raise boom
+
+    with pytest.raises(ConnectionError):
+        asyncio.run(TracedInvoke(tracer)(handler, msg(("traceparent", VALID.encode()))))
+    assert failure_headers(boom) == (
+        ("kw-trace-previous", tracer.spans[0]["context"].header().encode()),)
+
+
+def test_a_span_that_is_not_recorded_writes_no_link() -> None:
+    class Unrecorded(FakeTracer):
+        def __call__(self, *args: Any, **kwargs: Any) -> AbstractContextManager[Any]:
+            @contextmanager
+            def span() -> Iterator[FakeSpan]:
+                yield FakeSpan({"attrs": {}}, None)
+            return span()
+
+    boom = ConnectionError("down")
+
+    def handler(m: Message) -> None:
+        raise boom
+
+    with pytest.raises(ConnectionError):
+        TracedInvoke(Unrecorded())(handler, msg())
+    assert failure_headers(boom) == ()
