@@ -59,7 +59,7 @@ from typing import Any, Literal, Protocol
 
 from kworkers.activity import ActivityInvoker
 from kworkers.consumer.ports import Handler, Invoker, Records
-from kworkers.errors import failure_type
+from kworkers.errors import BatchError, failure_type
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import REDRIVE_OF, TRACE_PREVIOUS, last_value
 from kworkers.topic_names import is_tier_topic
@@ -483,6 +483,9 @@ class TracedInvoke:
         own = span.context
         if own is not None:
             mark_failed_attempt(exc, own)
+            if isinstance(exc, BatchError):  # its records are handed off with their own
+                for each in exc.failures.values():
+                    mark_failed_attempt(each, own)
 
     def _span(self, start: SpanStarter, msg: Records) -> AbstractContextManager[OpenSpan]:
         """One span per attempt (``plan_span``); a batch's span continues its first record's

@@ -267,7 +267,8 @@ class Assembly:
                      "confluent-kafka 2.16 cannot send it: handlers stay within the lock",
                      port.group)
         held: dict[RecordKey, float] = {}
-        gate = LockGate(self.invoke, rules, p.clock, held, self.runtime.is_async)
+        gate = LockGate(self._invoke_for(port.group), rules, p.clock, held,
+                        self.runtime.is_async)
         runner = self._runner(port.group, rules.deadline_s, gate)
         if runner.batch is not None:
             raise ConfigError("batch handlers are not supported in share mode yet: a share "

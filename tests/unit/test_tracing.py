@@ -13,7 +13,7 @@ import pytest
 
 from kworkers import Message, activity
 from kworkers.consumer.ports import Invoker, Records
-from kworkers.errors import DecodeError
+from kworkers.errors import BatchError, DecodeError
 from kworkers.retry_tiers.headers import redrive_headers, user_headers
 from kworkers.retry_tiers.router import failure_headers
 from kworkers.tracing import (
@@ -486,3 +486,17 @@ def test_a_span_that_is_not_recorded_writes_no_link() -> None:
     with pytest.raises(ConnectionError):
         TracedInvoke(Unrecorded())(handler, msg())
     assert failure_headers(boom) == ()
+
+
+def test_a_batch_error_hands_the_batch_span_to_each_failed_record() -> None:
+    tracer = FakeTracer()
+    a, b = msg(), msg()._replace(offset=43)
+    ea, eb = ConnectionError("a"), ValueError("b")
+
+    def handler(ms: list[Message]) -> None:
+        raise BatchError({a: ea, b: eb})
+
+    with pytest.raises(BatchError):
+        TracedInvoke(tracer)(handler, [a, b])
+    link = ("kw-trace-previous", tracer.spans[0]["context"].header().encode())
+    assert failure_headers(ea) == failure_headers(eb) == (link,)
