@@ -22,9 +22,9 @@ the work began as (``Origin``):
 
 Keys with ids are ``"<workflow_id>/<activity_id>"`` with one ``/`` (an id may not contain one);
 these have two, so the two kinds never meet. ``RecordKeys`` is built once per worker run (it
-reads topic ids and the DLQ through ``kworkers.kafka.lookups``) and reaches the activity context
-through ``keyed``: handed to the worker's own invoker with every call, or bound in a context
-variable by ``KeyedInvoke`` around any other invoker.
+reads topic ids and the DLQ through ``kworkers.kafka.lookups``) and reaches the activity
+context through ``activity.keyed``: handed to the worker's own invoker with every call, or bound
+in a context variable by ``KeyedInvoke`` around any other invoker.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kworkers.message import Message
@@ -271,18 +270,6 @@ _bound: contextvars.ContextVar[RecordKeys | None] = contextvars.ContextVar(
 #: the keys of the worker whose handler is running here (None outside a worker); the context
 #: variable's own reader, read once per handler call (a Python function around it cost a frame)
 bound: Callable[[], RecordKeys | None] = _bound.get
-
-
-def keyed(inner: Invoker, keys: RecordKeys) -> Invoker:
-    """``inner``, keying records by ``keys``. The worker's own invoker, unwrapped (the usual
-    case), is given them as an argument: a context variable set and reset around every record
-    cost a no-op handler's call half its CPU. Any other (tracing, a test's instrument) is
-    wrapped in ``KeyedInvoke``, so whatever it wraps finds them in the context."""
-    from kworkers.activity import ActivityInvoker  # activity imports this module
-
-    if type(inner) is ActivityInvoker:
-        return partial(inner.call_with, keys)
-    return KeyedInvoke(inner, keys)
 
 
 class KeyedInvoke:

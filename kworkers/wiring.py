@@ -27,6 +27,7 @@ from queue import SimpleQueue
 from types import FrameType
 from typing import TYPE_CHECKING, TypeAlias, cast
 
+from kworkers.activity import keyed
 from kworkers.clock import Clock
 from kworkers.config import WorkerConfig
 from kworkers.consumer.breaker import Breaker, State
@@ -61,7 +62,7 @@ from kworkers.message import Headers, Message
 from kworkers.metrics import Metrics
 from kworkers.pace.bucket import BucketStore
 from kworkers.pace.pacer import Pacer
-from kworkers.record_key import RecordKeys, keyed
+from kworkers.record_key import RecordKeys
 from kworkers.retry_tiers.policy import JitterSource
 from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.routing import is_retryable
@@ -135,7 +136,7 @@ class Assembly:
         self.sender = sender
         self.breaker = breaker(cfg, parts.metrics, parts.clock)
         self.pacer = pacer(parts)
-        #: the keys of records without ids, given to every handler call (``record_key.keyed``)
+        #: the keys of records without ids, given to every handler call (``activity.keyed``)
         self.keys = RecordKeys.for_cluster(cfg.client)
         self.invoke = keyed(parts.invoke, self.keys)
         self._session_s: float | None = None

@@ -30,7 +30,20 @@ from kworkers.idempotency.outbox import Outbox, Send, SenderLike, blocking_send
 if TYPE_CHECKING:
     from kworkers.config import WorkerConfig
     from kworkers.metrics import Metrics
-    from kworkers.worker import Worker
+    from kworkers.supervision import Supervisor
+
+
+class RunningWorker(Protocol):
+    """What a run hook reads of the worker it runs beside (``kworkers.worker.Worker``)."""
+
+    @property
+    def config(self) -> WorkerConfig: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def supervisor(self) -> Supervisor: ...
 
 __all__ = ["OutboxRelay", "Relay"]
 
@@ -134,7 +147,7 @@ class OutboxRelay:
         self.relay: Relay | None = None
 
     @contextmanager
-    def __call__(self, worker: Worker) -> Iterator[None]:
+    def __call__(self, worker: RunningWorker) -> Iterator[None]:
         sender = self.make_sender(worker.config)
         relay = self.relay = Relay(self.outbox, blocking_send(sender), idle_s=self.idle_s,
                                    metrics=worker.metrics).start()

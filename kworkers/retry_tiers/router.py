@@ -10,7 +10,7 @@ source offset is completed only after that acknowledgement.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 from kworkers.clock import Clock
 from kworkers.errors import checkpoint_of, failure_message, failure_type
@@ -37,8 +37,11 @@ from kworkers.retry_tiers.tier_record import CorruptTierRecord
 from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.topic_names import is_tier_topic, source_topic_of
 
-if TYPE_CHECKING:
-    from kworkers.record_key import RecordKeys
+
+class Origins(Protocol):
+    """Where a record's work began, as the worker recorded it (``record_key.RecordKeys``)."""
+
+    def recorded(self, msg: Message) -> Origin | None: ...
 
 
 #: distinct failures a router keeps the record-independent part of before it starts over
@@ -70,7 +73,7 @@ class FailureRouter:
     """
 
     def __init__(self, policy: RetryPolicy, ladder: TierLadder, group: str,
-                 jitter: JitterSource, clock: Clock, keys: RecordKeys | None = None) -> None:
+                 jitter: JitterSource, clock: Clock, keys: Origins | None = None) -> None:
         self.policy = policy.normalized()
         self.ladder = ladder
         self.group = group

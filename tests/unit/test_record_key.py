@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kworkers import NonRetryableError, activity
-from kworkers.activity import ActivityInvoker
+from kworkers.activity import ActivityInvoker, keyed
 from kworkers.clock import FakeClock
 from kworkers.errors import DecodeError
 from kworkers.message import Headers, Message
@@ -24,7 +24,6 @@ from kworkers.record_key import (
     RecordKeys,
     TopicIds,
     bound,
-    keyed,
     origin_key,
 )
 from kworkers.retry_tiers.headers import (
