@@ -77,7 +77,7 @@ class Dispatcher:
             offsets = list(map(_OFFSET, group))
             tracker = ps.tracker
             if not tracker.window:  # work for an idle partition: its stall clock restarts
-                ps.progress_at = mono()
+                ps.progressed(mono())
             before = tracker.bytes_in
             tracked = tracker.track_many(offsets, record_sizes(group))
             dispatched += tracker.bytes_in - before

@@ -212,7 +212,7 @@ class HandOffStep:
         with self._lock:
             self._pending += 1
             self._pending_bytes += pending.size
-            ps.handoffs += 1
+            ps.hand_offs_sent(1)
         self.failures.handed(plan.decision.error_type, plan.topic)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s/%d@%d attempt %d failed (%s: %s) -> %s %s", msg.topic, msg.partition,
@@ -240,7 +240,7 @@ class HandOffStep:
         with self._lock:
             self._pending += len(sends)
             self._pending_bytes += sum(p.size for p in sends)
-            ps.handoffs += len(sends)
+            ps.hand_offs_sent(len(sends))
         for p in sends:
             self._send(p)
         return True
@@ -348,7 +348,7 @@ class HandOffStep:
         with self._lock:
             self._pending -= 1
             self._pending_bytes -= p.size
-            p.ps.handoffs -= 1
+            p.ps.hand_off_settled()
             if self._waiting:
                 self._room.notify()
         if p.blocked:

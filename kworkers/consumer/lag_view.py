@@ -192,7 +192,7 @@ class LagView:
             if self.figures is None or out is None:
                 continue
             if out == 0:
-                ps.caught_up_at = now
+                ps.saw_caught_up(now)
             tr = ps.tracker
             head = tr.oldest
             t = time_lag(now, out, None if head is None else ps.stamps.time_of(head),

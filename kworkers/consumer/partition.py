@@ -250,6 +250,29 @@ class Partition:
     def all_lanes(self) -> list[Lane]:
         return list(self.lanes.values())
 
+    # The flags change only here. Each setter is one attribute store (atomic under the GIL):
+    # safe from any thread; ``mark_halted`` from a signal handler too, which ``halt`` is not
+    # (it drops lane queues, the poll thread's).
+
+    def mark_halted(self) -> None:
+        """No further record starts (a graceful stop); the poll thread's drain does the rest."""
+        self.halted = True
+
+    def set_fenced(self, fenced: bool) -> None:
+        self.fenced = fenced
+
+    def progressed(self, now: float) -> None:
+        """Progress made at ``now`` (monotonic): the stall detector measures idleness from it."""
+        self.progress_at = now
+
+    def hand_offs_sent(self, n: int) -> None:
+        """``n`` hand-offs or outputs sent for this partition (under the hand-off step's lock)."""
+        self.handoffs += n
+
+    def hand_off_settled(self) -> None:
+        """One of them acknowledged or abandoned (under the hand-off step's lock)."""
+        self.handoffs -= 1
+
     def busy(self) -> bool:
         return self.handoffs > 0 or any(lane.running for lane in self.all_lanes())
 
@@ -293,6 +316,14 @@ class PartitionState(Partition):
         #: at its share and held rather than paused: the loop polls nothing meanwhile
         #: (``backpressure``; never paused and held at once)
         self.held = False
+
+    def set_held(self, held: bool) -> None:
+        """Held at its share instead of paused (``backpressure``)."""
+        self.held = held
+
+    def saw_caught_up(self, now: float) -> None:
+        """Nothing outstanding at ``now``: what time lag is measured from (``lag_view``)."""
+        self.caught_up_at = now
 
     def held_bytes(self) -> int:
         """What the partition's window costs in memory, as backpressure counts it: its records'

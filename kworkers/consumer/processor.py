@@ -171,7 +171,7 @@ class Processor:
         for _ in range(3):  # the poll thread may be changing the assignment meanwhile
             try:
                 for ps in list(self.parts.values()):
-                    ps.halted = True
+                    ps.mark_halted()
                 return
             except RuntimeError:
                 continue
@@ -335,7 +335,7 @@ class Processor:
 
     def _set_fenced(self, fenced: bool) -> None:
         for ps in self.parts.values():
-            ps.fenced = fenced
+            ps.set_fenced(fenced)
         self._m_member_fenced.set(1 if fenced else 0)
 
     def _drain(self) -> None:
@@ -467,7 +467,7 @@ class Processor:
                 fenced += n
                 continue
             ps.tracker.complete_many(offsets)
-            ps.progress_at = now
+            ps.progressed(now)
             done += n
             all_retried += retried
             all_dead += dead
@@ -517,9 +517,9 @@ class Processor:
         held = decision.held
         if held or since is not None:
             for ps in parts:
-                ps.held = False
+                ps.set_held(False)
             for tp in held:
-                self.parts[tp].held = True
+                self.parts[tp].set_held(True)
             self._hold_since = (since if since is not None else now) if held else None
         if decision.pause:
             for tp in decision.pause:
@@ -561,7 +561,7 @@ class Processor:
             if old is not None:
                 old.stop_dispatch()
             ps = self.parts[tp] = PartitionState(*tp, clock=self.clock)
-            ps.fenced = self._fenced
+            ps.set_fenced(self._fenced)
             ps.paused = self._draining
             if self._draining:
                 ps.halt()

@@ -118,7 +118,7 @@ class TierGate:
             log.debug("%s/%d@%d is another group's retry: skipped", m.topic, m.partition,
                       m.offset)
             ps.tracker.complete(m.offset)
-            ps.progress_at = self.clock.monotonic()
+            ps.progressed(self.clock.monotonic())
             self.skipped += 1
             return None
         m = with_attempt(m, info.attempt)

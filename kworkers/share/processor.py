@@ -242,7 +242,7 @@ class ShareProcessor:
             if msg.offset >= positions.get(tp, 0):
                 positions[tp] = msg.offset + 1
             if not ps.deliveries:  # work for a partition that held none: its stall clock
-                ps.progress_at = now
+                ps.progressed(now)
             if deliveries > 1:
                 again += 1
             ps.deliveries[msg.offset] = deliveries
@@ -331,7 +331,7 @@ class ShareProcessor:
         now = self.clock.monotonic()
         for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block):
             assert isinstance(ps, SharePartition)
-            ps.progress_at = now
+            ps.progressed(now)
             topic, partition = ps.tp
             released = fenced = 0
             for off in offsets:
