@@ -8,19 +8,13 @@ from collections.abc import Mapping
 
 from kworkers.deploy.autoscale import ACTIVATION_ONLY_LAG_THRESHOLD, SCALE_DOWN_WINDOW_S, Autoscale
 from kworkers.deploy.security import DeploySecurity
+from kworkers.deploy.yamltext import wrap_words
 from kworkers.kafka.settings import CLASSIC_SESSION_TIMEOUT_MS
 from kworkers.pace.limit import RateLimit
 
 
 def wrap(text: str, width: int = 92) -> str:
-    lines, line = [], ""
-    for word in text.split():
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return "\n".join([*lines, line])
+    return "\n".join(wrap_words(text, width) or [""])
 
 
 def _keda_auth(sec: DeploySecurity) -> str:

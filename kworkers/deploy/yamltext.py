@@ -70,3 +70,16 @@ def dump(node: Mapping[str, Node], comment: str = "") -> str:
     out = [f"# {line}".rstrip() for line in comment.strip("\n").splitlines()] if comment else []
     _emit(node, 0, out)
     return "\n".join(out) + "\n"
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text``'s words in lines of at most ``width`` characters (a longer word stands alone):
+    the comments kworkers writes into YAML (manifests, alert rules)."""
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line] if line else lines

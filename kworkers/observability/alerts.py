@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from kworkers.deploy.yamltext import wrap_words
 from kworkers.promql import new_in, quoted
 from kworkers.topic_names import retry_group
 
@@ -189,7 +190,7 @@ def render(chosen: tuple[Rule, ...]) -> str:
     """A rules file of ``chosen`` (``render_rules``; the canaries render changed rules)."""
     out = [HEADER.rstrip("\n"), "groups:", "  - name: kworkers", "    rules:"]
     for r in chosen:
-        out += [f"      # {line}" for line in _wrap(r.why, 90)]
+        out += [f"      # {line}" for line in wrap_words(r.why, 90)]
         out.append(f"      - alert: {r.alert}")
         out.append("        expr: |-")
         out += [f"          {line}" for line in r.expr.splitlines()]
@@ -201,12 +202,3 @@ def render(chosen: tuple[Rule, ...]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _wrap(text: str, width: int) -> list[str]:
-    lines, line = [], ""
-    for word in text.split():
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return [*lines, line] if line else lines
