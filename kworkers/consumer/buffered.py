@@ -77,7 +77,7 @@ class BufferedHandOffs:
         self.failures.handed(failure_type(exc), plan.topic)
         (self.metrics.retries if retry else self.metrics.dead_letters).labels(
             self.group, plan.label).inc()
-        self.completions.put((ps, [msg.offset], int(retry), int(not retry), 0.0, 0))
+        self.completions.put(Completion(ps, [msg.offset], int(retry), int(not retry), 0.0, 0))
         return True
 
     def emit(self, ps: Partition, emitted: list[Emitted],
@@ -89,7 +89,7 @@ class BufferedHandOffs:
             last = entries[-1]
             entries[-1] = Entry(last.offset, last.msg, last.outputs, after=after)
         self.buffer.add(ps, entries)
-        self.completions.put((ps, [e.offset for e in entries], 0, 0, 0.0, 0))
+        self.completions.put(Completion(ps, [e.offset for e in entries], 0, 0, 0.0, 0))
         return True
 
     def dead_letter(self, entry: Entry, err: BaseException) -> Entry:

@@ -269,7 +269,7 @@ class HandOffStep:
         acks = self._acks
         acks.append(p)
         if len(acks) == 1:  # the first since the poll thread took them: wake it (no offsets)
-            self.completions.put((p.ps, [], 0, 0, 0.0, 0))
+            self.completions.put(Completion(p.ps, [], 0, 0, 0.0, 0))
         self._release(p)  # after the append: a partition not busy has its acks queued
 
     def acknowledged(self) -> list[Completion]:
@@ -298,7 +298,7 @@ class HandOffStep:
             pass
         for (destination, label), n in counts.items():
             self._counter(destination, label).inc(n)
-        return [(ps, offsets, n[0], n[1], 0.0, 0) for ps, (offsets, n) in done.items()]
+        return [Completion(ps, offsets, n[0], n[1], 0.0, 0) for ps, (offsets, n) in done.items()]
 
     def _counter(self, destination: str, label: str) -> Any:
         """The labelled counter of a tier (retries) or an error type (dead letters)."""
@@ -316,7 +316,8 @@ class HandOffStep:
             self.metrics.dead_letters.labels(self.group, "OutputRefused").inc()
         rec.left -= 1
         if rec.left == 0:
-            self.completions.put((p.ps, [rec.msg.offset], 0, 1 if rec.dead else 0, 0.0, 0))
+            self.completions.put(Completion(p.ps, [rec.msg.offset], 0, 1 if rec.dead else 0,
+                                            0.0, 0))
             hooks = rec.after
             if hooks is not None and not rec.dead:
                 hooks.left -= 1

@@ -272,7 +272,8 @@ class Progress:
 
     def post(self) -> None:
         if self.done or self.calls:
-            self.q.put((self.lane.part, self.done, 0, 0, self.now() - self.t0, self.calls))
+            self.q.put(Completion(self.lane.part, self.done, 0, 0, self.now() - self.t0,
+                              self.calls))
         self._reset()
 
     def finish(self, inc: int) -> None:
