@@ -38,6 +38,7 @@ from kworkers.consumer.ports import Handler, Invoker, Sender, TransactionPort
 from kworkers.consumer.tier_gate import RecordCheck
 from kworkers.envelope.envelope import EnvelopeCodec
 from kworkers.errors import ConfigError, WorkerFailed
+from kworkers.idempotency.capabilities import is_sql
 from kworkers.idempotency.outbox import Outbox
 from kworkers.idempotency.relay import OutboxRelay
 from kworkers.idempotency.store import IdempotencyStore
@@ -157,8 +158,7 @@ class Worker:
         #: the handler's transactional outbox, relayed while the worker runs (``OutboxRelay``)
         self.outbox = outbox
         if outbox is not None:
-            if idempotency is not None and getattr(idempotency, "dialect", None) is not None \
-                    and outbox.store is not idempotency:
+            if is_sql(idempotency) and outbox.store is not idempotency:
                 raise ConfigError("outbox: its rows must commit in the effect's transaction, "
                                   "so give Outbox(store) the worker's idempotency store")
             self.around_run(OutboxRelay(outbox))

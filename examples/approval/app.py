@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from kworkers import Worker
-from kworkers.idempotency import open_store
+from kworkers.idempotency import dialect_of, open_store
 from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
 from kworkers.retry_tiers import RetryPolicy, TierLadder
 from kworkers.workflow import Engine, StepContext, Workflow
@@ -97,8 +97,7 @@ def log_of(store: TransactionalStore[Any],
 def make_engine(store: TransactionalStore[Any], *, topic: str = TOPIC,
                 tables: str = "kworkers_wf", prefix: str = "approval", **kw: Any) -> Engine:
     table = check_identifier(f"{prefix}_log")
-    serial = ("BIGSERIAL PRIMARY KEY" if store.dialect == "postgres"
-              else "INTEGER PRIMARY KEY AUTOINCREMENT")
+    serial = dialect_of(store).serial  # the store's SQL: an auto-numbered key
     with store.atomic() as conn:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (n {serial}, workflow_id TEXT NOT "
                      "NULL, step TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)", ())

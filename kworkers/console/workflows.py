@@ -13,11 +13,11 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kworkers.errors import ConfigError, KworkersError
 from kworkers.idempotency import open_store
-from kworkers.idempotency.store import TransactionalStore
+from kworkers.idempotency.capabilities import require_sql
 from kworkers.workflow import RunRow, RunTables, StepRow
 from kworkers.workflow.state import STATUSES
 
@@ -55,12 +55,9 @@ class WorkflowTables:
     def _open(self) -> RunTables:
         with self._lock:
             if self._tables is None:
-                store = open_store(self._url)
-                if getattr(store, "dialect", None) not in ("sqlite", "postgres"):
-                    raise ConfigError("workflows live in a SQL store (sqlite: or postgresql:), "
-                                      "not in the store --workflow-store names")
-                sql: TransactionalStore[Any] = store  # type: ignore[assignment]
-                self._tables = RunTables(sql, self._prefix)
+                store = require_sql(open_store(self._url), "--workflow-store (the workflow "
+                                    "tables)")
+                self._tables = RunTables(store, self._prefix)
             return self._tables
 
     def _read(self, what: Callable[[RunTables], T]) -> T:

@@ -11,8 +11,10 @@ on every attempt) and the receiver remembers keys. Two forms, pick one per key:
   ``Outbox`` puts records to produce into that same transaction.
 
 Backends: ``SqliteStore`` (embedded default), ``PostgresStore``, ``RedisStore``; ``open_store``
-picks one from a URL. The PostgreSQL and Redis modules import their drivers (psycopg, redis),
-which are optional, so they load only when first used.
+picks one from a URL. What a backend can do beyond the lease it says itself
+(``kworkers.idempotency.capabilities``: ``require_sql``, ``store.rate_buckets()``). The
+PostgreSQL and Redis modules import their drivers (psycopg, redis), which are optional, so they
+load only when first used.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kworkers.errors import ConfigError
+from kworkers.idempotency.capabilities import dialect_of, is_sql, require_sql
 from kworkers.idempotency.outbox import Outbox, OutboxRecord, RelayObserver, Send
 from kworkers.idempotency.sqlite import SqliteStore
 from kworkers.idempotency.store import (
@@ -49,7 +52,10 @@ __all__ = [
     "SqliteStore",
     "TransactionalStore",
     "Turn",
+    "dialect_of",
+    "is_sql",
     "open_store",
+    "require_sql",
 ]
 
 _LAZY = {

@@ -54,9 +54,11 @@ from typing import Any, Protocol
 from kworkers.clock import Clock, SystemClock
 from kworkers.consumer.ports import settle
 from kworkers.errors import ConfigError
-from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
+from kworkers.idempotency.capabilities import dialect_of
+from kworkers.idempotency.store import TransactionalStore
 from kworkers.message import Headers
 from kworkers.payloads.serde import Serializer, check_callable, serialize
+from kworkers.sqlbase import SqlConnection, check_identifier
 
 __all__ = ["Outbox", "OutboxRecord", "RelayObserver", "Send"]
 
@@ -145,27 +147,22 @@ class Outbox:
         self.lease_s = lease_s
         self.clock = clock or SystemClock()
         self.relay_id = _relay_id()
-        self._postgres = store.dialect == "postgres"
+        #: the SQL of the store's database (its few differences: ``kworkers.sqlbase.Dialect``)
+        self._dialect = dialect_of(store)
         self._ensure_schema()
 
     def _sql(self, sql: str) -> str:
-        sql = sql.replace("{t}", self.table)
-        return sql.replace("?", "%s") if self._postgres else sql
+        return self._dialect.sql(sql, t=self.table)
 
     def _ensure_schema(self) -> None:
+        d = self._dialect
         with self.store.atomic() as conn:
-            if self._postgres:
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
-                create = ("CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL PRIMARY KEY, "
-                          "topic TEXT NOT NULL, key BYTEA, value BYTEA, headers TEXT NOT NULL, "
-                          "lease_until DOUBLE PRECISION NOT NULL DEFAULT 0, claimed_by TEXT, "
-                          "not_before DOUBLE PRECISION NOT NULL DEFAULT 0)")
-            else:
-                create = ("CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY "
-                          "AUTOINCREMENT, topic TEXT NOT NULL, key BLOB, value BLOB, "
-                          "headers TEXT NOT NULL, lease_until REAL NOT NULL DEFAULT 0, "
-                          "claimed_by TEXT, not_before REAL NOT NULL DEFAULT 0)")
-            conn.execute(self._sql(create), ())
+            d.lock_ddl(conn, self.table)
+            conn.execute(self._sql(
+                f"CREATE TABLE IF NOT EXISTS {{t}} (id {d.serial}, topic TEXT NOT NULL, "
+                f"key {d.blob}, value {d.blob}, headers TEXT NOT NULL, "
+                f"lease_until {d.real} NOT NULL DEFAULT 0, claimed_by TEXT, "
+                f"not_before {d.real} NOT NULL DEFAULT 0)"), ())
             self._add_lease_columns(conn)
             conn.execute(self._sql("CREATE INDEX IF NOT EXISTS {t}_key ON {t} (topic, key, id)"),
                          ())
@@ -173,14 +170,8 @@ class Outbox:
     def _add_lease_columns(self, conn: SqlConnection) -> None:
         """Tables made before relays claimed rows have no lease columns, and tables made before
         rows could be due later no ``not_before``: add them."""
-        real = "DOUBLE PRECISION" if self._postgres else "REAL"
-        if self._postgres:
-            have = {r[0] for r in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-                "AND table_schema = current_schema()",
-                (self.table,)).fetchall()}
-        else:
-            have = {r[1] for r in conn.execute(f"PRAGMA table_info({self.table})", ()).fetchall()}
+        real = self._dialect.real
+        have = self._dialect.columns(conn, self.table)
         if "lease_until" not in have:
             conn.execute(self._sql(f"ALTER TABLE {{t}} ADD COLUMN lease_until {real} NOT NULL "
                                    "DEFAULT 0"), ())
@@ -245,7 +236,7 @@ class Outbox:
         """
         _check_limit(limit)
         now = self.clock.now()
-        lock = " FOR UPDATE SKIP LOCKED" if self._postgres else ""
+        lock = self._dialect.skip_locked
         with self.store.atomic() as conn:
             heads = [_record(r) for r in conn.execute(self._sql(
                 f"SELECT {_COLUMNS} FROM {{t}} o WHERE o.lease_until <= ? AND o.not_before <= ? "

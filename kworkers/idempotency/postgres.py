@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg import pq
 
 from kworkers.errors import ConfigError
-from kworkers.idempotency.store import TURN_COLUMNS, PerThread, SqlLeaseStore
+from kworkers.idempotency.sql import TURN_COLUMNS, SqlLeaseStore
+from kworkers.sqlbase import POSTGRES, PerThread
+
+if TYPE_CHECKING:
+    from kworkers.pace.bucket import BucketStore
 
 __all__ = ["PostgresStore"]
 
@@ -31,8 +35,6 @@ class PostgresStore(SqlLeaseStore[Connection]):
     """Idempotency keys in table ``table`` of the database at ``dsn`` (created on first use)."""
 
     dialect: Literal["postgres"] = "postgres"
-    _mark = "%s"
-    _for_update = " FOR UPDATE"
 
     def __init__(
         self,
@@ -49,9 +51,7 @@ class PostgresStore(SqlLeaseStore[Connection]):
         conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._connect_timeout)
         try:
             with conn.transaction():
-                # CREATE TABLE IF NOT EXISTS races with itself (a duplicate pg_type row), so
-                # first-use creation by several workers at once is serialized by a lock.
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+                POSTGRES.lock_ddl(conn, self.table)  # first-use creation by many workers
                 conn.execute(
                     f"""CREATE TABLE IF NOT EXISTS {self.table} (
                         key TEXT PRIMARY KEY,
@@ -67,9 +67,7 @@ class PostgresStore(SqlLeaseStore[Connection]):
                 )
                 # A table made before the turn columns gets them. Looked up first: ALTER TABLE
                 # locks the whole table, and would wait on every open transaction of the store.
-                have = {str(r[0]) for r in conn.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-                    "AND table_schema = current_schema()", (self.table,)).fetchall()}
+                have = POSTGRES.columns(conn, self.table)
                 for name, ddl in TURN_COLUMNS:
                     if name not in have:
                         conn.execute(
@@ -78,6 +76,12 @@ class PostgresStore(SqlLeaseStore[Connection]):
             conn.close()
             raise
         return conn
+
+    def rate_buckets(self) -> BucketStore:
+        """The pool's shared rate buckets, in this database (``rate_limit.scope='pool'``)."""
+        from kworkers.pace.postgres import PostgresBuckets
+
+        return PostgresBuckets(self.dsn)
 
     @contextlib.contextmanager
     def _begin(self) -> Iterator[Connection]:

@@ -15,7 +15,7 @@ transaction with a database write.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis as redis_lib
 
@@ -27,6 +27,9 @@ from kworkers.idempotency.store import (
     Turn,
     validate_claim_args,
 )
+
+if TYPE_CHECKING:
+    from kworkers.pace.bucket import BucketStore
 
 __all__ = ["RedisStore"]
 
@@ -195,6 +198,12 @@ class RedisStore:
     def is_done(self, key: str) -> bool:
         raw = cast(bytes | None, self._r.hget(self._k(key), "status"))
         return raw == b"done"
+
+    def rate_buckets(self) -> BucketStore:
+        """The pool's shared rate buckets, in this Redis (``rate_limit.scope='pool'``)."""
+        from kworkers.pace.redis import RedisBuckets
+
+        return RedisBuckets(self.url)
 
     def close(self) -> None:
         self._r.close()

@@ -16,10 +16,14 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kworkers.errors import ConfigError
-from kworkers.idempotency.store import TURN_COLUMNS, PerThread, SqlLeaseStore
+from kworkers.idempotency.sql import TURN_COLUMNS, SqlLeaseStore
+from kworkers.sqlbase import SQLITE, PerThread
+
+if TYPE_CHECKING:
+    from kworkers.pace.bucket import BucketStore
 
 __all__ = ["SqliteStore"]
 
@@ -104,6 +108,10 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
                 conn.execute("ROLLBACK")
             raise
 
+    def rate_buckets(self) -> BucketStore:
+        """Refused: the pool's replicas run on many hosts, and a file is on one."""
+        raise ConfigError("a SQLite store cannot be shared across hosts")
+
     @contextlib.contextmanager
     def _begin(self) -> Iterator[sqlite3.Connection]:
         conn = self._conns.get()
@@ -146,7 +154,7 @@ def _has_table(conn: sqlite3.Connection, table: str) -> bool:
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    return {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
+    return SQLITE.columns(conn, table)
 
 
 def _lacks_turn(conn: sqlite3.Connection, table: str) -> bool:

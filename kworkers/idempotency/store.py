@@ -24,8 +24,9 @@ the commit). Skipping it loses nothing, the later attempt's record carries the w
 would count attempts backwards and could run a key after it was dead-lettered (issue #43).
 
 The backends store exactly these fields per key; the decisions live here, as pure functions over
-a ``LeaseRow``, so the SQL backends cannot drift apart (Redis repeats them in Lua, and the one
-contract test suite holds all three to the same behaviour).
+a ``LeaseRow``, so the SQL backends cannot drift apart (their one table code is
+``kworkers.idempotency.sql``; Redis repeats the decisions in Lua, and the one contract test
+suite holds all three to the same behaviour).
 
 Time is always passed in (``now``, seconds): the store never reads a clock, so tests drive
 expiry by hand and every worker's view of "expired" is the one it was given.
@@ -33,17 +34,17 @@ expiry by hand and every worker's view of "expired" is the one it was given.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import os
-import re
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from kworkers.errors import ConfigError, FencedError
+
+# The SQL plumbing every SQL user shares lives below this folder (``kworkers.sqlbase``); these
+# names stay importable from here, where the docs and older code take them.
+from kworkers.sqlbase import DialectName, PerThread, SqlConnection, check_identifier
 
 __all__ = [
     "UNTRACKED",
@@ -51,10 +52,12 @@ __all__ = [
     "ClaimState",
     "IdempotencyStore",
     "LeaseRow",
+    "PerThread",
     "SqlConnection",
     "TransactionalStore",
     "Turn",
     "check_fence",
+    "check_identifier",
     "decide_claim",
     "decide_complete",
     "decide_heartbeat",
@@ -170,13 +173,6 @@ class IdempotencyStore(Protocol):
     def close(self) -> None: ...
 
 
-class SqlConnection(Protocol):
-    """The part of a DB-API connection the outbox and the effect callbacks rely on; both
-    ``sqlite3.Connection`` and ``psycopg.Connection`` fit."""
-
-    def execute(self, sql: str, params: Sequence[Any], /) -> Any: ...
-
-
 ConnT_co = TypeVar("ConnT_co", covariant=True)
 
 
@@ -185,7 +181,7 @@ class TransactionalStore(IdempotencyStore, Protocol[ConnT_co]):
     makes the effect exactly-once without relying on a lease (the outbox pattern)."""
 
     @property
-    def dialect(self) -> Literal["sqlite", "postgres"]:
+    def dialect(self) -> DialectName:
         """Which SQL the outbox speaks to this store's database."""
         ...
 
@@ -304,235 +300,3 @@ def decide_release(row: LeaseRow | None, token: int) -> LeaseRow | None:
     if row is None or row.status != "leased" or row.token != token:
         return None
     return replace(row, status="free", lease_until=0.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared plumbing of the SQL backends.
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-
-
-def check_identifier(name: str, what: str = "table") -> str:
-    """Table names are spliced into SQL, so only plain identifiers are accepted."""
-    if not _IDENT.fullmatch(name):
-        raise ConfigError(f"{what} name {name!r} is not a plain SQL identifier")
-    return name
-
-
-C = TypeVar("C")
-
-
-class PerThread(Generic[C]):
-    """One connection per thread (and per process), all closed together.
-
-    Why per thread: handlers run on worker threads, and a transaction that holds the effect and
-    the done-mark must own its connection for its whole length; a shared connection would mix
-    two handlers' statements into one transaction. Why per process: a forked child must not
-    talk over its parent's socket or SQLite handle.
-    """
-
-    def __init__(
-        self,
-        factory: Callable[[], C],
-        closer: Callable[[C], None],
-        alive: Callable[[C], bool] = lambda _c: True,
-    ) -> None:
-        self._factory = factory
-        self._closer = closer
-        self._alive = alive
-        self._local = threading.local()
-        self._all: list[C] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self._pid = os.getpid()
-
-    def get(self) -> C:
-        if os.getpid() != self._pid:  # forked: forget (never close) the parent's connections
-            with self._lock:
-                self._pid, self._all, self._local = os.getpid(), [], threading.local()
-        conn: C | None = getattr(self._local, "conn", None)
-        if conn is not None and not self._alive(conn):
-            self._discard(conn)
-            conn = None
-        if conn is None:
-            with self._lock:
-                if self._closed:
-                    raise ConfigError("the idempotency store is closed")
-            conn = self._factory()
-            with self._lock:
-                self._all.append(conn)
-            self._local.conn = conn
-        return conn
-
-    def _discard(self, conn: C) -> None:
-        self._local.conn = None
-        with self._lock:
-            if conn in self._all:
-                self._all.remove(conn)
-        with contextlib.suppress(Exception):
-            self._closer(conn)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            conns, self._all = self._all, []
-        for conn in conns:
-            with contextlib.suppress(Exception):  # best effort: nothing left to protect
-                self._closer(conn)
-
-
-SqlC = TypeVar("SqlC", bound=SqlConnection)
-
-_COLUMNS = "owner, token, status, lease_until, details, done_at, turn_run, turn_attempt"
-
-
-class SqlLeaseStore(Generic[SqlC]):
-    """The lease protocol and the transactional form over one SQL table.
-
-    The SQLite and PostgreSQL stores differ only in how they connect, begin a transaction and
-    lock a row; everything else (the decisions above, the statements) is here, once. Every
-    operation is read-decide-write inside one transaction with the key's row locked: a missing
-    key first gets a placeholder row (token 0, free) so that even a brand-new key is locked and
-    two racing claims serialize instead of both inserting.
-    """
-
-    #: SQL parameter marker of the driver.
-    _mark = "?"
-    #: Appended to the locking SELECT (PostgreSQL: row lock; SQLite locks the whole database).
-    _for_update = ""
-
-    def __init__(self, table: str, conns: PerThread[SqlC]) -> None:
-        self.table = check_identifier(table)
-        self._conns = conns
-
-    # -- hooks -----------------------------------------------------------------------------
-
-    def _begin(self) -> AbstractContextManager[SqlC]:
-        raise NotImplementedError
-
-    # -- statements ------------------------------------------------------------------------
-
-    def _sql(self, sql: str) -> str:
-        return sql.replace("?", self._mark).replace("{t}", self.table)
-
-    def _lock(self, conn: SqlC, key: str, *, create: bool) -> LeaseRow | None:
-        if create:
-            conn.execute(
-                self._sql(
-                    "INSERT INTO {t} (key, owner, token, status, lease_until) "
-                    "VALUES (?, NULL, 0, 'free', 0) ON CONFLICT (key) DO NOTHING"
-                ),
-                (key,),
-            )
-        cur = conn.execute(
-            self._sql(f"SELECT {_COLUMNS} FROM {{t}} WHERE key = ?{self._for_update}"), (key,)
-        )
-        return rows_to_lease(cur.fetchone())
-
-    def _store(self, conn: SqlC, key: str, row: LeaseRow) -> None:
-        conn.execute(
-            self._sql(
-                "UPDATE {t} SET owner = ?, token = ?, status = ?, lease_until = ?, details = ?, "
-                "done_at = ?, turn_run = ?, turn_attempt = ? WHERE key = ?"
-            ),
-            (row.owner, row.token, row.status, row.lease_until, row.details, row.done_at,
-             row.run, row.attempt, key),
-        )
-
-    def _read(self, key: str) -> LeaseRow | None:
-        conn = self._conns.get()
-        cur = conn.execute(self._sql(f"SELECT {_COLUMNS} FROM {{t}} WHERE key = ?"), (key,))
-        return rows_to_lease(cur.fetchone())
-
-    # -- IdempotencyStore ------------------------------------------------------------------
-
-    def claim(self, key: str, owner: str, lease_s: float, now: float,
-              turn: Turn = UNTRACKED) -> Claim:
-        validate_claim_args(key, owner, lease_s)
-        with self._begin() as conn:
-            row = self._lock(conn, key, create=True)
-            claim, new = decide_claim(row, key, owner, lease_s, now, turn)
-            if new is not None:
-                self._store(conn, key, new)
-        return claim
-
-    def heartbeat(
-        self, key: str, token: int, details: bytes | None, lease_s: float, now: float
-    ) -> None:
-        with self._begin() as conn:
-            row = self._lock(conn, key, create=False)
-            self._store(conn, key, decide_heartbeat(row, key, token, details, lease_s, now))
-
-    def complete(self, key: str, token: int, now: float) -> None:
-        with self._begin() as conn:
-            new = decide_complete(self._lock(conn, key, create=False), key, token, now)
-            if new is not None:
-                self._store(conn, key, new)
-
-    def release(self, key: str, token: int) -> None:
-        with self._begin() as conn:
-            new = decide_release(self._lock(conn, key, create=False), token)
-            if new is not None:
-                self._store(conn, key, new)
-
-    def details(self, key: str) -> bytes | None:
-        row = self._read(key)
-        return None if row is None else row.details
-
-    def is_done(self, key: str) -> bool:
-        row = self._read(key)
-        return row is not None and row.status == "done"
-
-    def close(self) -> None:
-        self._conns.close()
-
-    # -- the transactional form ------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def transaction(self, key: str, token: int, now: float | None = None) -> Iterator[SqlC]:
-        with self._begin() as conn:
-            row = check_fence(self._lock(conn, key, create=False), key, token, "transaction on")
-            yield conn
-            self._store(conn, key, replace(row, status="done", done_at=now))
-
-    def apply_once(self, key: str, fn: Callable[[SqlC], object], now: float | None = None) -> bool:
-        if not key:
-            raise ConfigError("an idempotency key must not be empty")
-        with self._begin() as conn:
-            row = self._lock(conn, key, create=True)
-            assert row is not None  # the placeholder insert guarantees a row
-            if row.status == "done":
-                return False
-            fn(conn)
-            # A new token fences out any lease holder on the key: its complete() now fails.
-            self._store(conn, key, replace(row, token=row.token + 1, status="done", done_at=now))
-            return True
-
-    def atomic(self) -> AbstractContextManager[SqlC]:
-        return self._begin()
-
-
-#: The columns of a key's latest turn, added to tables made before them (issue #43): a row
-#: without a tracked turn is never stale.
-TURN_COLUMNS = (("turn_run", "TEXT NOT NULL DEFAULT ''"),
-                ("turn_attempt", "INTEGER NOT NULL DEFAULT 0"))
-
-
-def rows_to_lease(row: Sequence[Any] | None) -> LeaseRow | None:
-    """(owner, token, status, lease_until, details, done_at, turn_run, turn_attempt) from a
-    SELECT, as a LeaseRow."""
-    if row is None:
-        return None
-    owner, token, status, lease_until, details, done_at, run, attempt = row
-    if status not in ("leased", "free", "done"):
-        raise ConfigError(f"corrupt idempotency row: status {status!r}")
-    return LeaseRow(
-        owner=owner,
-        token=int(token),
-        status=status,
-        lease_until=float(lease_until),
-        details=None if details is None else bytes(details),
-        done_at=None if done_at is None else float(done_at),
-        run=str(run or ""),
-        attempt=int(attempt or 0),
-    )

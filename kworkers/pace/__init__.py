@@ -7,16 +7,24 @@ Pure at import: the store clients (psycopg, redis) load only when a shared bucke
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from kworkers.clock import Clock
 from kworkers.errors import ConfigError
 from kworkers.pace.bucket import BucketStore, Grant, LocalBuckets, decide
 from kworkers.pace.limit import RateLimit
 
-__all__ = ["BucketStore", "Grant", "LocalBuckets", "RateLimit", "buckets_for", "decide",
-           "open_buckets"]
+__all__ = ["BucketStore", "Grant", "LocalBuckets", "RateLimit", "SharesBuckets", "buckets_for",
+           "decide", "open_buckets"]
+
+
+@runtime_checkable
+class SharesBuckets(Protocol):
+    """A store that can hold the pool's rate buckets: ``kworkers.idempotency``'s PostgreSQL and
+    Redis stores; the SQLite one has the method too, and raises ``ConfigError`` saying why not
+    (a file is on one host). The store answers, so nothing here knows the backends."""
+
+    def rate_buckets(self) -> BucketStore: ...
 
 
 def open_buckets(url: str) -> BucketStore:
@@ -49,20 +57,15 @@ def buckets_for(limit: RateLimit, clock: Clock, rate_store: BucketStore | None,
         return LocalBuckets(clock)
     if rate_store is not None:
         return rate_store
-    # Only a store already made can be one of these, so its module is loaded already: a
-    # look in sys.modules keeps the clients unimported for everyone else.
-    pg = sys.modules.get("kworkers.idempotency.postgres")
-    if pg is not None and isinstance(idempotency, pg.PostgresStore):
-        return open_buckets(idempotency.dsn)
-    rd = sys.modules.get("kworkers.idempotency.redis")
-    if rd is not None and isinstance(idempotency, rd.RedisStore):
-        return open_buckets(idempotency.url)
-    from kworkers.idempotency.sqlite import SqliteStore
-
-    where = ("a SQLite store cannot be shared across hosts"
-             if isinstance(idempotency, SqliteStore)
-             else "the worker has no PostgreSQL or Redis store")
+    # The store says itself whether it can hold the pool's buckets (``SharesBuckets``: a
+    # PostgreSQL or Redis store can, a SQLite one refuses with its reason).
+    reason = "the worker has no PostgreSQL or Redis store"
+    if isinstance(idempotency, SharesBuckets):
+        try:
+            return idempotency.rate_buckets()
+        except ConfigError as exc:
+            reason = str(exc)
     raise ConfigError(f"rate_limit.scope='pool' shares one bucket across the pool's replicas, "
-                      f"but {where}: give Worker(idempotency=PostgresStore(...) or "
+                      f"but {reason}: give Worker(idempotency=PostgresStore(...) or "
                       "RedisStore(...)), or rate_store=kworkers.pace.open_buckets(url), or "
                       "set rate_limit.scope='replica' (each process its own limit)")

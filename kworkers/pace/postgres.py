@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 
-from kworkers.idempotency.store import PerThread, check_identifier
 from kworkers.pace.bucket import Grant
+from kworkers.sqlbase import POSTGRES, PerThread, check_identifier
 
 __all__ = ["PostgresBuckets"]
 
@@ -70,7 +70,7 @@ class PostgresBuckets:
         conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._timeout)
         try:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+                POSTGRES.lock_ddl(conn, self.table)
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ("
                              "name TEXT PRIMARY KEY, tat DOUBLE PRECISION)")
                 conn.execute(_TAKE.format(t=self.table))

@@ -52,11 +52,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
+from kworkers.idempotency.capabilities import dialect_of
+from kworkers.idempotency.store import TransactionalStore
 from kworkers.message import Message
+from kworkers.sqlbase import SQLITE, Dialect, SqlConnection, check_identifier
 
 __all__ = ["Delivery", "Effect", "Ledger", "Rebalance"]
 
@@ -99,18 +100,6 @@ class Rebalance(NamedTuple):
     pid: int
     at: float
 
-
-@dataclass(frozen=True)
-class _Dialect:
-    mark: str
-    real: str
-
-    def sql(self, text: str, table: str) -> str:
-        return text.replace("?", self.mark).replace("{t}", table)
-
-
-_SQLITE = _Dialect("?", "REAL")
-_POSTGRES = _Dialect("%s", "DOUBLE PRECISION")
 
 
 def _wal(conn: sqlite3.Connection) -> None:
@@ -167,19 +156,18 @@ class Ledger:
     def __init__(self, path: str | os.PathLike[str], *, table: str = DEFAULT_TABLE) -> None:
         self.path = os.fspath(path)
         self._file = _SqliteFile(self.path)
-        self._setup(self._file.atomic, _SQLITE, table)
+        self._setup(self._file.atomic, SQLITE, table)
 
     @classmethod
     def on_store(cls, store: TransactionalStore[Any], *, table: str = DEFAULT_TABLE) -> Ledger:
         """A ledger in ``store``'s database, so ``apply_in`` can share its transactions."""
         self = cls.__new__(cls)
         self.path = None
-        dialect = _POSTGRES if store.dialect == "postgres" else _SQLITE
-        self._setup(store.atomic, dialect, table)
+        self._setup(store.atomic, dialect_of(store), table)
         return self
 
     def _setup(self, atomic: Callable[[], AbstractContextManager[SqlConnection]],
-               dialect: _Dialect, table: str) -> None:
+               dialect: Dialect, table: str) -> None:
         self.table = check_identifier(table)
         check_identifier(f"{table}_deliveries")
         check_identifier(f"{table}_rebalances")
@@ -199,7 +187,7 @@ class Ledger:
                 f"topic TEXT NOT NULL, part INTEGER NOT NULL, member TEXT NOT NULL, "
                 f"pid INTEGER NOT NULL, at {real} NOT NULL)",
             ):
-                conn.execute(dialect.sql(stmt, self.table), ())
+                conn.execute(dialect.sql(stmt, t=self.table), ())
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -211,7 +199,8 @@ class Ledger:
         pass them)."""
         where = (None, None, None, None) if msg is None else (
             msg.topic, msg.partition, msg.offset, msg.attempt)
-        conn.execute(self._d.sql("INSERT INTO {t}_effects VALUES (?,?,?,?,?,?,?,?)", self.table),
+        conn.execute(self._d.sql("INSERT INTO {t}_effects VALUES (?,?,?,?,?,?,?,?)",
+                                 t=self.table),
                      (key, note, *where, _pid(pid), _at(at)))
 
     def apply(self, key: str, msg: Message | None = None, *, note: str = "",
@@ -225,7 +214,7 @@ class Ledger:
         """Append one delivery of ``msg`` (whose effect is keyed ``key``)."""
         with self._atomic() as conn:
             conn.execute(
-                self._d.sql("INSERT INTO {t}_deliveries VALUES (?,?,?,?,?,?,?)", self.table),
+                self._d.sql("INSERT INTO {t}_deliveries VALUES (?,?,?,?,?,?,?)", t=self.table),
                 (key, msg.topic, msg.partition, msg.offset, msg.attempt, _pid(pid), _at(at)))
 
     def rebalanced(self, kind: str, topic: str, partition: int, *, member: str = "",
@@ -233,14 +222,15 @@ class Ledger:
         """Append one partition of one rebalance callback (``assign``/``revoke``/``lost``)."""
         with self._atomic() as conn:
             conn.execute(
-                self._d.sql("INSERT INTO {t}_rebalances VALUES (?,?,?,?,?,?)", self.table),
+                self._d.sql("INSERT INTO {t}_rebalances VALUES (?,?,?,?,?,?)", t=self.table),
                 (kind, topic, partition, member, _pid(pid), _at(at)))
 
     # -- reading ---------------------------------------------------------------------------
 
     def _rows(self, sql: str) -> list[tuple[Any, ...]]:
         with self._atomic() as conn:
-            return [tuple(r) for r in conn.execute(self._d.sql(sql, self.table), ()).fetchall()]
+            return [tuple(r) for r in
+                    conn.execute(self._d.sql(sql, t=self.table), ()).fetchall()]
 
     def applications(self) -> dict[str, int]:
         """How many times each key's effect was applied (keys never applied are absent)."""
@@ -281,7 +271,8 @@ class Ledger:
         """Remove both tables (a shared PostgreSQL database after a test)."""
         with self._atomic() as conn:
             for suffix in ("effects", "deliveries", "rebalances"):
-                conn.execute(self._d.sql(f"DROP TABLE IF EXISTS {{t}}_{suffix}", self.table), ())
+                conn.execute(self._d.sql(f"DROP TABLE IF EXISTS {{t}}_{suffix}",
+                                         t=self.table), ())
 
 
 def _pid(pid: int | None) -> int:

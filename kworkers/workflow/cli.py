@@ -28,7 +28,7 @@ from rich.table import Table
 
 from kworkers.errors import ConfigError
 from kworkers.idempotency import open_store
-from kworkers.idempotency.store import TransactionalStore
+from kworkers.idempotency.capabilities import require_sql
 from kworkers.workflow.engine import Engine
 from kworkers.workflow.state import STATUSES
 from kworkers.workflow.tables import RunRow, RunTables, StepRow
@@ -65,12 +65,8 @@ def _tables(app: str | None, store_url: str | None, prefix: str) -> RunTables:
         return load_engine(app).tables
     if not store_url:
         raise ConfigError("give --store URL (or env KWORKERS_STORE_URL) or --app MODULE:ENGINE")
-    store = open_store(store_url)
-    if getattr(store, "dialect", None) not in ("sqlite", "postgres"):
-        raise ConfigError(f"{store_url.split(':')[0]}: workflows live in a SQL store "
-                          "(sqlite: or postgresql:)")
-    sql: TransactionalStore[Any] = store  # type: ignore[assignment]
-    tables = RunTables(sql, prefix)
+    tables = RunTables(require_sql(open_store(store_url), "--store (the workflow tables)"),
+                       prefix)
     try:
         tables.counts()
     except Exception as exc:  # the driver's words, never the URL (it may hold a password)

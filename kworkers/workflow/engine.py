@@ -32,6 +32,7 @@ from typing import Any
 from kworkers.activity import ActivityInvoker
 from kworkers.clock import Clock, SystemClock
 from kworkers.errors import ConfigError
+from kworkers.idempotency.capabilities import require_sql
 from kworkers.idempotency.outbox import Outbox, blocking_send
 from kworkers.idempotency.relay import Relay
 from kworkers.idempotency.store import TransactionalStore
@@ -89,10 +90,8 @@ class Engine:
                  max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, clock: Clock | None = None,
                  metrics: Metrics | None = None, relay_idle_s: float = 0.5,
                  outbox_lease_s: float = 60.0) -> None:
-        if getattr(store, "dialect", None) not in ("sqlite", "postgres"):
-            raise ConfigError("workflows need a SQL store (SqliteStore or PostgresStore): a "
-                              "step's checkpoint and its next activity commit in one "
-                              "transaction, which Redis cannot give")
+        store = require_sql(store, "workflows", "a step's checkpoint and its next activity "
+                            "commit in one transaction, which Redis cannot give")
         if not topic or ".retry." in topic or topic.endswith(".dlq"):
             raise ConfigError(f"topic: a source topic name, got {topic!r}")
         if not isinstance(max_result_bytes, int) or max_result_bytes < 64:

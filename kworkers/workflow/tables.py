@@ -14,7 +14,8 @@ which then shows one attempt more.
 
 Every statement takes the connection of the caller's transaction; reads that stand alone open
 one of their own. On PostgreSQL ``lock_run`` is ``SELECT ... FOR UPDATE``; on SQLite the
-transaction already holds the database's write lock.
+transaction already holds the database's write lock (the few words the two differ in:
+``kworkers.sqlbase.Dialect``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kworkers.errors import ConfigError
-from kworkers.idempotency.store import SqlConnection, TransactionalStore, check_identifier
+from kworkers.idempotency.capabilities import dialect_of
+from kworkers.idempotency.store import TransactionalStore
+from kworkers.sqlbase import SqlConnection, check_identifier
 from kworkers.workflow.kind import Kind
 from kworkers.workflow.state import STATUSES, RunState, Status
 
@@ -91,19 +94,17 @@ class RunTables:
         self.runs = check_identifier(f"{prefix}_runs")
         self.steps = check_identifier(f"{prefix}_steps")
         self.signals_table = check_identifier(f"{prefix}_signals")
-        self._pg = store.dialect == "postgres"
+        #: the SQL of the store's database (its few differences: ``kworkers.sqlbase.Dialect``)
+        self._dialect = dialect_of(store)
 
     def _sql(self, sql: str) -> str:
-        sql = sql.replace("{runs}", self.runs).replace("{steps}", self.steps).replace(
-            "{signals}", self.signals_table)
-        return sql.replace("?", "%s") if self._pg else sql
+        return self._dialect.sql(sql, runs=self.runs, steps=self.steps,
+                                 signals=self.signals_table)
 
     def ensure_schema(self) -> None:
-        real = "DOUBLE PRECISION" if self._pg else "REAL"
-        serial = "BIGSERIAL PRIMARY KEY" if self._pg else "INTEGER PRIMARY KEY AUTOINCREMENT"
+        real, serial = self._dialect.real, self._dialect.serial
         with self.store.atomic() as conn:
-            if self._pg:  # concurrent CREATE IF NOT EXISTS races with itself on PostgreSQL
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.runs,))
+            self._dialect.lock_ddl(conn, self.runs)
             for stmt in (
                 f"CREATE TABLE IF NOT EXISTS {{runs}} (workflow_id TEXT PRIMARY KEY, "
                 "workflow TEXT NOT NULL, version TEXT NOT NULL, status TEXT NOT NULL, "
@@ -126,13 +127,7 @@ class RunTables:
 
     def _add_wait_columns(self, conn: SqlConnection, real: str) -> None:
         """Runs tables made before runs could wait have no ``wake_at``/``wait_signal``."""
-        if self._pg:
-            have = {r[0] for r in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-                "AND table_schema = current_schema()", (self.runs,)).fetchall()}
-        else:
-            have = {r[1] for r in conn.execute(f"PRAGMA table_info({self.runs})",
-                                               ()).fetchall()}
+        have = self._dialect.columns(conn, self.runs)
         if "wake_at" not in have:
             conn.execute(self._sql(f"ALTER TABLE {{runs}} ADD COLUMN wake_at {real}"), ())
         if "wait_signal" not in have:
@@ -154,7 +149,7 @@ class RunTables:
     def lock_run(self, conn: SqlConnection, workflow_id: str, *,
                  lock: bool = True) -> RunRow | None:
         """The run's row, locked until the transaction ends (``lock=False``: a plain read)."""
-        lock_sql = " FOR UPDATE" if self._pg and lock else ""
+        lock_sql = self._dialect.for_update if lock else ""
         row = conn.execute(self._sql(
             f"SELECT {_RUN_COLUMNS} FROM {{runs}} WHERE workflow_id = ?{lock_sql}"),
             (workflow_id,)).fetchone()
