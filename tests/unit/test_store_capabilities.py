@@ -162,3 +162,17 @@ def test_the_dialects_differ_only_in_their_words() -> None:
     assert POSTGRES.sql(text, t="x", u="y") == "SELECT a FROM x JOIN y WHERE b = %s AND c = %s"
     assert (SQLITE.for_update, POSTGRES.for_update) == ("", " FOR UPDATE")
     assert POSTGRES.skip_locked == " FOR UPDATE SKIP LOCKED" and SQLITE.skip_locked == ""
+
+
+def test_the_store_drivers_load_only_when_a_store_uses_them() -> None:
+    """``kworkers.idempotency``, ``kworkers.pace`` and the shared SQL plumbing import no
+    driver: psycopg and redis are optional, and load with the store that needs them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kworkers.idempotency, kworkers.pace, kworkers.sqlbase, "
+            "kworkers.workflow.tables; "
+            "print(','.join(m for m in ('psycopg', 'redis') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == ""
