@@ -19,6 +19,7 @@ load only when first used.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kworkers.errors import ConfigError
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from kworkers.idempotency.redis import RedisStore
 
 __all__ = [
+    "BACKENDS",
+    "Backend",
     "Claim",
     "ClaimState",
     "IdempotencyStore",
@@ -58,21 +61,40 @@ __all__ = [
     "require_sql",
 ]
 
-_LAZY = {
-    "PostgresStore": "kworkers.idempotency.postgres",
-    "RedisStore": "kworkers.idempotency.redis",
-}
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One store backend: the URL schemes that name it and where its class lives (imported on
+    first use: its driver is optional). The class opens itself from a URL (``from_url``) and
+    says what it can do (``kworkers.idempotency.capabilities``), so a new backend is its module
+    and one row of ``BACKENDS``."""
+
+    schemes: tuple[str, ...]
+    module: str
+    cls: str
+
+    def load(self) -> type[Any]:
+        import importlib
+
+        loaded: type[Any] = getattr(importlib.import_module(self.module), self.cls)
+        return loaded
+
+
+BACKENDS = (
+    Backend(("sqlite",), "kworkers.idempotency.sqlite", "SqliteStore"),
+    Backend(("postgresql", "postgres"), "kworkers.idempotency.postgres", "PostgresStore"),
+    Backend(("redis", "rediss", "unix"), "kworkers.idempotency.redis", "RedisStore"),
+)
+_BY_SCHEME = {scheme: b for b in BACKENDS for scheme in b.schemes}
+_LAZY = {b.cls: b for b in BACKENDS}
 
 
 def __getattr__(name: str) -> Any:
     """Load the optional-driver backends on first use (``from kworkers.idempotency import
     PostgresStore`` works without psycopg installed until it is actually touched)."""
-    module = _LAZY.get(name)
-    if module is None:
+    backend = _LAZY.get(name)
+    if backend is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    return backend.load()
 
 
 def open_store(url: str) -> IdempotencyStore:
@@ -81,21 +103,11 @@ def open_store(url: str) -> IdempotencyStore:
     ``sqlite:///abs/path.db`` or ``sqlite:relative.db``, ``postgresql://...`` (or
     ``postgres://``), ``redis://...`` / ``rediss://...`` / ``unix://...``.
     """
-    scheme, sep, rest = url.partition(":")
-    scheme = scheme.lower()
+    scheme, sep, _ = url.partition(":")
     if not sep:
         raise ConfigError(f"not a store URL: {url!r} (expected sqlite:, postgresql:, redis:)")
-    if scheme == "sqlite":
-        path = rest[2:] if rest.startswith("//") else rest
-        if not path:
-            raise ConfigError(f"no file in SQLite URL {url!r}")
-        return SqliteStore(path)
-    if scheme in ("postgresql", "postgres"):
-        from kworkers.idempotency.postgres import PostgresStore
-
-        return PostgresStore(url)
-    if scheme in ("redis", "rediss", "unix"):
-        from kworkers.idempotency.redis import RedisStore
-
-        return RedisStore(url)
-    raise ConfigError(f"unknown store URL scheme {scheme!r} in {url!r}")
+    backend = _BY_SCHEME.get(scheme.lower())
+    if backend is None:
+        raise ConfigError(f"unknown store URL scheme {scheme.lower()!r} in {url!r}")
+    store: IdempotencyStore = backend.load().from_url(url)
+    return store

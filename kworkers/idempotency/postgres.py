@@ -47,6 +47,11 @@ class PostgresStore(SqlLeaseStore[Connection]):
         self._connect_timeout = max(1, round(connect_timeout_s))
         super().__init__(table, PerThread(self._connect, Connection.close, _usable))
 
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        """``postgresql://...`` or ``postgres://...`` (``open_store``): the URL is the DSN."""
+        return cls(url)
+
     def _connect(self) -> Connection:
         conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._connect_timeout)
         try:

@@ -147,6 +147,11 @@ class RedisStore:
         self._complete = self._r.register_script(_COMPLETE)
         self._release = self._r.register_script(_RELEASE)
 
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        """``redis://...``, ``rediss://...`` or ``unix://...`` (``open_store``)."""
+        return cls(url)
+
     def _k(self, key: str) -> str:
         return self.prefix + key
 

@@ -51,6 +51,15 @@ class SqliteStore(SqlLeaseStore[sqlite3.Connection]):
         self._timeout = busy_timeout_s
         super().__init__(table, PerThread(self._connect, sqlite3.Connection.close))
 
+    @classmethod
+    def from_url(cls, url: str) -> SqliteStore:
+        """``sqlite:///abs/path.db`` or ``sqlite:relative.db`` (``open_store``)."""
+        rest = url.partition(":")[2]
+        path = rest[2:] if rest.startswith("//") else rest
+        if not path:
+            raise ConfigError(f"no file in SQLite URL {url!r}")
+        return cls(path)
+
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path,

@@ -176,3 +176,27 @@ def test_the_store_drivers_load_only_when_a_store_uses_them() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_every_backend_is_one_row_that_opens_itself_and_says_what_it_can(tmp_path: Path) -> None:
+    """``open_store`` and the lazy exports read one table (``BACKENDS``); each row's class opens
+    itself from its URL and answers the capability questions (``rate_buckets``; SQL ones name
+    their ``dialect``)."""
+    import kworkers.idempotency as idem
+    from kworkers.sqlbase import DIALECTS
+
+    urls = {"sqlite": f"sqlite:///{tmp_path}/x.db", "postgresql": "postgresql://n@127.0.0.1:1/x",
+            "postgres": "postgres://n@127.0.0.1:1/x", "redis": "redis://127.0.0.1:1/0",
+            "rediss": "rediss://127.0.0.1:1/0", "unix": "unix:///tmp/none.sock"}
+    seen = set()
+    for backend in idem.BACKENDS:
+        cls = backend.load()
+        assert getattr(idem, backend.cls) is cls
+        assert callable(cls.rate_buckets)
+        assert getattr(cls, "dialect", None) in (None, *DIALECTS)
+        for scheme in backend.schemes:
+            store = idem.open_store(urls[scheme])
+            assert type(store) is cls
+            store.close()
+            seen.add(scheme)
+    assert seen == set(urls)
