@@ -44,6 +44,10 @@ class Dialect:
     ``for_update``: appended to a SELECT that locks its rows until the transaction ends
     (SQLite: nothing, a write transaction holds the whole database). ``skip_locked``: the same,
     passing over rows another transaction locked (so relays never wait for each other).
+    ``ddl_lock``: taken (one parameter: a name) before first-use ``CREATE ... IF NOT EXISTS``,
+    which races with itself on PostgreSQL (a duplicate pg_type row); "" where the transaction
+    already serializes it (SQLite's ``BEGIN IMMEDIATE``). ``columns_sql``: the column names of
+    the table named by its one parameter (a table made by an older version gets the new ones).
     """
 
     name: DialectName
@@ -53,6 +57,8 @@ class Dialect:
     serial: str
     for_update: str
     skip_locked: str
+    ddl_lock: str
+    columns_sql: str
 
     def sql(self, text: str, **names: str) -> str:
         """``text`` with ``?`` as this driver's marker and each ``{name}`` as its table name
@@ -62,29 +68,24 @@ class Dialect:
         return text.replace("?", self.mark) if self.mark != "?" else text
 
     def lock_ddl(self, conn: SqlConnection, name: str) -> None:
-        """Serialize first-use table creation under ``name`` in the caller's transaction.
-
-        PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` races with itself (a duplicate pg_type
-        row), so concurrent creators take an advisory lock; SQLite's ``BEGIN IMMEDIATE``
-        already holds the database's write lock."""
-        if self.name == "postgres":
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        """Serialize first-use table creation under ``name`` in the caller's transaction."""
+        if self.ddl_lock:
+            conn.execute(self.ddl_lock, (name,))
 
     def columns(self, conn: SqlConnection, table: str) -> set[str]:
-        """The column names ``table`` has (to add the ones a table made by an older version
-        lacks)."""
-        if self.name == "postgres":
-            return {str(r[0]) for r in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-                "AND table_schema = current_schema()", (table,)).fetchall()}
-        return {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})", ()).fetchall()}
+        """The column names ``table`` has."""
+        return {str(r[0]) for r in conn.execute(self.columns_sql, (table,)).fetchall()}
 
 
 SQLITE = Dialect("sqlite", mark="?", real="REAL", blob="BLOB",
-                 serial="INTEGER PRIMARY KEY AUTOINCREMENT", for_update="", skip_locked="")
+                 serial="INTEGER PRIMARY KEY AUTOINCREMENT", for_update="", skip_locked="",
+                 ddl_lock="", columns_sql="SELECT name FROM pragma_table_info(?)")
 POSTGRES = Dialect("postgres", mark="%s", real="DOUBLE PRECISION", blob="BYTEA",
                    serial="BIGSERIAL PRIMARY KEY", for_update=" FOR UPDATE",
-                   skip_locked=" FOR UPDATE SKIP LOCKED")
+                   skip_locked=" FOR UPDATE SKIP LOCKED",
+                   ddl_lock="SELECT pg_advisory_xact_lock(hashtext(%s))",
+                   columns_sql="SELECT column_name FROM information_schema.columns "
+                               "WHERE table_name = %s AND table_schema = current_schema()")
 #: A store's ``dialect`` name -> its ``Dialect``.
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (SQLITE, POSTGRES)}
 
