@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import random
@@ -137,6 +138,9 @@ class _FireAndForget:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a crash in native code (librdkafka's failed assertion after a broker's hard restart,
+    # RELIABILITY row 24) leaves every thread's Python stack in the log, as `kworkers run`'s
+    faulthandler.enable(all_threads=True)
     args = _parse(argv)
     # KWORKERS_TEST_LOG_LEVEL=INFO: rebalances and commits in the workers' logs, to read a
     # fault run after the fact

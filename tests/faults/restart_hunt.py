@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +31,8 @@ from kworkers.testing.workload import make_topic, produce_activities, unique
 from tests.faults.support import COMMIT_LOG_ENV, commit_evidence
 
 ROOT = str(Path(__file__).resolve().parents[2])
+#: set by SIGTERM: the round ends at its next step (judged, its broker and workers closed)
+STOP = threading.Event()
 
 
 def one_round(out: Path, records: int, restarts: int, every_s: float, rnd: random.Random
@@ -55,14 +59,15 @@ def one_round(out: Path, records: int, restarts: int, every_s: float, rnd: rando
         done_restarts = 0
         next_fault = time.monotonic() + every_s
         deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not STOP.is_set():
             tick()
             applied = set(ledger.applications()) & keys
             positions = commits.samples[-1].positions if commits.samples else {}
             if applied >= keys and done_restarts >= restarts and \
                     sum(max(0, p) for p in positions.values()) >= records:
                 break
-            if time.monotonic() >= next_fault and done_restarts < restarts:
+            if time.monotonic() >= next_fault and done_restarts < restarts and \
+                    not STOP.is_set():
                 if rnd.random() < 0.5:
                     victim = rnd.choice(workers)
                     if victim.alive:
@@ -83,12 +88,15 @@ def one_round(out: Path, records: int, restarts: int, every_s: float, rnd: rando
                  {p for p, *_ in report.non_monotonic})
         print(f"{out.name}: restarts {done_restarts} {report.summary()} "
               f"sampler gaps {commits.gaps}", flush=True)
+        logs = [(w.log_path.stem, w.log()) for w in workers]
+        commit_evidence(set(samples[-1].positions), topic=topic, group=group, bootstrap=bs,
+                        samples=samples, deliveries=ledger.deliveries(), faults=faults.faults,
+                        logs=logs, out=out / "evidence-all.txt")  # every round's, to compare
         if moved:
             (out / "broker.log").write_text(broker.logs())
             commit_evidence(moved, topic=topic, group=group, bootstrap=bs, samples=samples,
                             deliveries=ledger.deliveries(), faults=faults.faults,
-                            logs=[(w.log_path.stem, w.log()) for w in workers],
-                            out=out / "evidence.txt")
+                            logs=logs, out=out / "evidence.txt")
             print(f"{out.name}: EVIDENCE in {out / 'evidence.txt'}", flush=True)
         return not moved
     finally:
@@ -106,9 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/tmp/kworkers-restart-hunt")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
+    # SIGTERM stops it cleanly (the round judged, its broker and workers closed); a
+    # background job ignores SIGINT
+    signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     rnd = random.Random(args.seed)
     bad = 0
     for i in range(args.rounds):
+        if STOP.is_set():
+            break
         ok = one_round(Path(args.out) / f"round-{i + 1}", args.records, args.restarts,
                        args.every, rnd)
         bad += not ok

@@ -140,6 +140,10 @@ def proc_mb(pid: int, field: str = "VmRSS") -> float:
 
 #: what a worker started with ``KWORKERS_TEST_COMMIT_LOG=1`` logs of its commits and partitions
 COMMIT_LOG_ENV = {"KWORKERS_TEST_COMMIT_LOG": "1"}
+#: the same, and its client's debug lines of the group and its partitions (librdkafka's
+#: ``cgrp,topic``: the committed offset the coordinator answered at each assignment, a reset
+#: to ``auto.offset.reset``, where fetching started); ``commit_evidence`` picks those out
+EVIDENCE_ENV = {**COMMIT_LOG_ENV, "KWORKERS_TEST_CLIENT_DEBUG": "cgrp,topic"}
 
 
 def _utc(at: float) -> str:

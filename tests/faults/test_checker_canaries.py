@@ -18,7 +18,10 @@ another (``tests/apps/ledger_worker.py --broken MODE``, the real adapter wrapped
 - ``dropped``: a kill point SIGKILLs the worker on activity 7; the restarted one drops the
   first record it fetches (the killed one's uncommitted work): ``not_redelivered``;
 - ``backwards``: at its clean stop the worker commits 3 records below its position:
-  ``non_monotonic``.
+  ``non_monotonic``; and the evidence a kill loop prints for such a partition
+  (``support.commit_evidence``) shows it from the broker's side: ``__consumer_offsets`` read
+  back holds the commit going back, beside the worker's commit trail and its client's
+  committed-offset fetch.
 """
 
 from __future__ import annotations
@@ -35,11 +38,19 @@ from confluent_kafka import Producer
 from kworkers.envelope.envelope import ids_to_headers
 from kworkers.idempotency import SqliteStore
 from kworkers.testing import Broker
-from kworkers.testing.checker import CommitSampler, FaultLog, Report, check, read_log
+from kworkers.testing.checker import (
+    CommitSample,
+    CommitSampler,
+    FaultLog,
+    Report,
+    check,
+    read_log,
+)
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.processes import WorkerProcess, keep_alive
 from kworkers.testing.workload import make_topic, unique
 from tests.apps.broken_consumer import BACK, SKIP_OFFSET
+from tests.faults.support import EVIDENCE_ENV, commit_evidence
 from tests.integration.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -60,6 +71,7 @@ class Run:
     sampler: CommitSampler | None = None
     faults: FaultLog | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
+    samples: list[CommitSample] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         (self.dir / "markers").mkdir(parents=True)
@@ -71,7 +83,7 @@ class Run:
         args = ["-m", "tests.apps.ledger_worker", self.bs, self.topic, self.group,
                 "--store", f"sqlite:///{self.dir}/store.db", "--effect", "txn",
                 "--markers", str(self.dir / "markers"), "--session-timeout-ms", "3000", *extra]
-        w = WorkerProcess(args, self.dir, f"w{len(self.workers)}", cwd=ROOT)
+        w = WorkerProcess(args, self.dir, f"w{len(self.workers)}", cwd=ROOT, env=EVIDENCE_ENV)
         self.workers.append(w)
         return w.start()
 
@@ -95,9 +107,18 @@ class Run:
 
     def judge(self) -> Report:
         assert self.sampler is not None and self.faults is not None
-        samples = self.sampler.stop()
-        return check(self.ledger(), log=read_log(self.bs, self.topic), commits=samples,
+        self.samples = self.sampler.stop()
+        return check(self.ledger(), log=read_log(self.bs, self.topic), commits=self.samples,
                      faults=self.faults.faults)
+
+    def evidence(self) -> str:
+        """What a kill loop prints when it sees committed work run again or moved back
+        (``support.commit_evidence``), for this run's partition."""
+        assert self.faults is not None
+        return commit_evidence({0}, topic=self.topic, group=self.group, bootstrap=self.bs,
+                               samples=self.samples, deliveries=self.ledger().deliveries(),
+                               faults=self.faults.faults,
+                               logs=[(w.log_path.stem, w.log()) for w in self.workers])
 
     def close(self) -> None:
         for w in self.workers:
@@ -219,5 +240,14 @@ def test_each_finding_fires_on_a_worker_broken_for_it(kafka_broker: Broker,
         r["dropped"].summary()
 
     assert r["backwards"].non_monotonic == [(0, N, N - BACK)], r["backwards"].summary()
+    # the evidence a kill loop prints (issue #44 §1) shows the same commit from the broker's
+    # side: __consumer_offsets read back holds the position going back (the broken commit
+    # bypasses the worker's committer), the worker's commit trail its own commit of the end,
+    # its client the committed offset it started from
+    backwards = runs["backwards"]
+    evidence = backwards.evidence()
+    assert f"{backwards.topic}[0] -> {N - BACK} BACKWARDS" in evidence, evidence
+    assert f"commit ok: {backwards.topic}[0]={N}" in evidence, evidence
+    assert f"OffsetFetchResponse: {backwards.topic} [0] offset -1" in evidence, evidence
     assert r["backwards"].failures() == [f for f in r["backwards"].failures()
                                          if f.startswith("non_monotonic")]

@@ -30,7 +30,7 @@ from kworkers.testing.processes import WorkerProcess, keep_alive
 from kworkers.testing.workload import full_size, make_topic, produce_activities, unique
 from tests.apps.ledger_worker import COMPLETES
 from tests.faults.support import (
-    COMMIT_LOG_ENV,
+    EVIDENCE_ENV,
     beyond_the_lease_limit,
     commit_evidence,
     fired_by,
@@ -166,24 +166,33 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
 
 # PostgreSQL under kills and a broker restart is also CI's workflow kill loop
 # (test_workflow_faults.py); this one on PostgreSQL runs with KWORKERS_FULL=1 (CI budget).
-# Redis (lease mode, kill points) was full-only for part of 2026-12-02: it failed 4 of 11 runs
-# on one machine, three ways. Records given to a killed process that nobody was given again:
-# two races of the test, not lost work (the run judged before the last victim's partition
-# reached an owner that ran it: ``_committed_all``; a victim's last commit landing after the
-# floor read right after its death: ``FaultLog(settle_s=...)``). Runs that never ended: an
-# after-complete kill point whose key another lane's kill left done without its marker can
-# never fire (``support.kill_point_landed``). And a product defect: two attempts of one key in
-# one process both passed the lease claim (one owner per process, a live lease re-entrant for
-# its owner), fixed by ``kworkers.idempotency.attempts``. Back in CI after 14 of 14 runs passed;
-# full-only again since 2026-12-03 (the longest test of CI, and two more modes: two kill points
-# fired by one process before its death, counted as two deaths, fixed by counting pids,
-# ``support.fired_by``; once in CI, a partition's first 50 records ran again after the sampler
-# had read them committed, around the broker's hard restart, not reproduced in 22 runs by
-# hand; a failed run now prints the workers' story). SQLite runs the same kills, restart and
-# checker in CI.
+# Redis (lease mode, kill points) is in CI again since 2026-12-05 at CI size (300 activities,
+# 6 kill points, one hard broker restart: about 60 s with its broker). Its history: full-only
+# for part of 2026-12-02 (4 of 11 runs failed, three ways: two races of the test, a victim's
+# partition judged before it reached an owner, ``_committed_all``, and its last commit landing
+# after the floor read right after its death, ``FaultLog(settle_s=...)``; an after-complete
+# kill point that could never fire, ``support.kill_point_landed``; and a product defect, two
+# attempts of one key in one process both passing the lease claim, fixed by
+# ``kworkers.idempotency.attempts``), then full-only from 2026-12-03 to 2026-12-05: two kill
+# points fired by one process before its death counted as two deaths (fixed: deaths counted by
+# pid, ``support.fired_by``), and once in CI (2026-12-02) a partition's first 50 records ran
+# again after the sampler had read them committed, around the broker's hard restart
+# (``rerun_committed=50``, ``non_monotonic`` empty). Issue #44 hunted that one on 2026-12-05
+# with every commit each worker sent and its answer (``kworkers.consumer.commits``), its
+# client's committed-offset fetches and resets (librdkafka ``cgrp,topic``), the sampler's
+# readings and the group's commits read back from ``__consumer_offsets``
+# (``kworkers.testing.offsets_log``): this loop on SQLite and Redis and
+# ``tests/faults/restart_hunt.py`` (eight hard restarts a round), under a load average of
+# 11-31: never again, and none of the three ways it could happen was seen: every acknowledged
+# commit and every position the sampler read was in ``__consumer_offsets`` after each restart
+# (a commit never made durable), no offset fetch answered less than a commit acknowledged
+# before it (a reading too early or a stale answer), no worker sent a position below one
+# already acknowledged (a commit moved back). Figures: docs/RELIABILITY.md row 3r. A run that
+# sees it again prints that evidence for the partition (``support.commit_evidence``; the
+# workers run with ``support.EVIDENCE_ENV``), so the next one says which it was.
 # docs/RELIABILITY.md row 3r.
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.full_only),
-                                  pytest.param("redis", marks=pytest.mark.full_only)])
+                                  "redis"])
 def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind: str) -> None:
     bs = fault_broker.bootstrap_servers
     topic, group = make_topic(bs, unique("loop"), 6), unique("g")
@@ -211,7 +220,7 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
     workers = _workers(3, bs, topic, group, tmp_path, "--store", url, *effect,
                        "--ledger-table", table, "--fail-rate", "0.5", "--lease-s", str(lease),
                        "--markers", str(markers), *(f"--kill={k}" for k in kill_points),
-                       env=COMMIT_LOG_ENV)
+                       env=EVIDENCE_ENV)
     commits = CommitSampler(bs, group, topic).start()
     # a victim's commit sent just before its death may land after the floor read right
     # after it; readings within half its session bind too (checker.Fault.settle_s)
