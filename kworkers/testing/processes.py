@@ -36,6 +36,12 @@ class WorkerProcess:
         log.close()
         return self
 
+    def ready_since_start(self) -> bool:
+        """Whether the process started last has said ``worker ready`` (the test apps print it
+        once their worker runs: its signal handlers are in)."""
+        text = self.log()
+        return "worker ready" in text.rsplit(f"--- start {self.starts}\n", 1)[-1]
+
     @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid

@@ -84,6 +84,12 @@ def _sigterm_while_frozen(broker: Broker, tmp: Path, *extra: str) -> tuple[
     ledger = Ledger(tmp / "ledger.db")
     wait_for(lambda: len(ledger.deliveries()) >= 300, 120, "A at work")
     wait_for(lambda: sum(committed(bs, group, topic).values()) >= 100, 60, "a first commit")
+    # the freeze comes once A's commits are seen keeping up (the committed total reached what A
+    # had started by its first commit): on a loaded machine (load 25, CI beside three suites) a
+    # freeze right after the first commit met A with half its starts uncommitted (420 of 827)
+    started = len(ledger.deliveries())
+    wait_for(lambda: sum(committed(bs, group, topic).values()) >= started, 60,
+             "A's commits keeping up")
     broker.pause()
     time.sleep(1.0)  # a periodic commit is certainly due, and meets the frozen broker
     signalled = time.monotonic()
