@@ -117,3 +117,70 @@ def test_a_record_as_another_attempt_keeps_every_other_field() -> None:
     got = with_attempt(m, 4)
     assert got == m._replace(attempt=4) and type(got) is Message and got.attempt == 4
     assert got.decoded is True and got.raw_value == b"rv" and m.attempt == 1
+
+
+class _Rebalancing(_Client):
+    """A client that hands out records it fetched under an earlier assignment (librdkafka
+    2.16's restarted offset lookup on a revoked partition, issue #44) and answers
+    ``committed`` with the group's position."""
+
+    def __init__(self, stale: list[int], fresh: list[int], committed: int) -> None:
+        super().__init__([])
+        self.queue = [_Raw(o) for o in stale + fresh]
+        self.committed_at = committed
+        self.callbacks: dict[str, Any] = {}
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self.callbacks = callbacks
+
+    def incremental_assign(self, parts: list[Any]) -> None:
+        pass
+
+    def assign(self, parts: list[Any]) -> None:
+        pass
+
+    def committed(self, parts: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import TopicPartition
+
+        return [TopicPartition(p.topic, p.partition, self.committed_at) for p in parts]
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        out, self.queue = self.queue[:n], self.queue[n:]
+        return out
+
+
+def _reassigned(client: _Rebalancing) -> KafkaConsumerAdapter:
+    from confluent_kafka import TopicPartition
+
+    a = _adapter(client)  # type: ignore[arg-type]
+    a.subscribe(["t"], lambda tps: None, lambda tps: None, lambda tps: None)
+    client.callbacks["on_assign"](client, [TopicPartition("t", 0)])
+    return a
+
+
+def test_records_below_the_committed_position_at_an_assignment_are_dropped() -> None:
+    """Offsets 0-43 fetched under an earlier assignment, the group committed 44 meanwhile (by
+    another member, which ran them): only 44 on come back, and the floor ends at 44, so a
+    later record below it (none should come) would not be filtered forever."""
+    client = _Rebalancing(list(range(44)), list(range(44, 50)), committed=44)
+    a = _reassigned(client)
+    got = a.poll_batch(500, 0.0)
+    assert [m.offset for m in got] == list(range(44, 50))
+    assert a.dropped_stale == 44 and a._floors == {}
+
+
+def test_a_partition_with_nothing_committed_has_no_floor() -> None:
+    client = _Rebalancing([], list(range(5)), committed=-1001)
+    a = _reassigned(client)
+    assert [m.offset for m in a.poll_batch(500, 0.0)] == list(range(5))
+    assert a._floors == {}
+
+
+def test_canary_without_the_guard_the_stale_records_run_again(monkeypatch: Any) -> None:
+    """The rule before: every record the client hands out is run, 0-43 a second time."""
+    import kworkers.kafka.consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "STALE_GUARD", False)
+    client = _Rebalancing(list(range(44)), list(range(44, 50)), committed=44)
+    got = _reassigned(client).poll_batch(500, 0.0)
+    assert [m.offset for m in got] == list(range(50))
