@@ -190,8 +190,9 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
 # nobody's at B. Meanwhile A ran them and committed 44 (the sampler read 44); when partition 1
 # came back to B (the committed offset answered: 44, fetching started at 44) the records
 # fetched before were handed out anyway, and B ran 0-43 again on a fresh tracker. The receiver
-# absorbed the effects; a worker without one applies them twice. Not fixed yet: the guard
-# belongs in the worker (records below where an assignment starts are another assignment's).
+# absorbed the effects; a worker without one applies them twice. Fixed: the adapter drops records
+# below a partition's committed position read at its assignment (kworkers/kafka/consumer.py,
+# unit-tested with its canary in tests/unit/test_consumer_adapter_poll.py).
 # The 2026-12-02 failure fits it (a partition's first 50, all of it, around the restart's
 # rejoins). Evidence printed by a run that sees it: ``support.commit_evidence``, with the
 # workers on ``support.EVIDENCE_ENV``.
