@@ -133,10 +133,14 @@ def observed(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
             wait_for(lambda: _value(prom, "kworkers_output_topic_missing") == 1, 60,
                      "A's output topic seen missing")
             produce(bs, tc, [(b"k%d" % (i % 2), b"ok") for i in range(600)])
-            workers.append(_run(tmp, "c", bs, tc, gc, ports[2],
+            workers.append(_run(tmp, "c", bs, tc, gc, ports[2], "--log-level", "INFO",
                                 env={"KW_OB_STALL": "1", "KW_OB_SLOW_MS": "20"}))
-            wait_for(lambda: _value(prom, "kworkers_partition_stalled") == 1, 120,
-                     "C's partition seen stalled")
+            try:
+                wait_for(lambda: _value(prom, "kworkers_partition_stalled") == 1, 120,
+                         "C's partition seen stalled")
+            except AssertionError as exc:  # seen once in CI at load 25: C's story, then fail
+                raise AssertionError(f"{exc}; C alive: {workers[-1].alive}; its log:\n"
+                                     f"{workers[-1].log()[-3000:]}") from None
             # the rules evaluate every scrape interval: the stall's alert is pending after one
             wait_for(lambda: prom.series('ALERTS{alertname="KworkersPartitionStalled"}'), 30,
                      "the stall's alert evaluated")
