@@ -152,7 +152,7 @@ class _Rebalancing(_Client):
 def _reassigned(client: _Rebalancing) -> KafkaConsumerAdapter:
     from confluent_kafka import TopicPartition
 
-    a = _adapter(client)  # type: ignore[arg-type]
+    a = _adapter(client)
     a.subscribe(["t"], lambda tps: None, lambda tps: None, lambda tps: None)
     client.callbacks["on_assign"](client, [TopicPartition("t", 0)])
     return a
