@@ -29,13 +29,14 @@ from typing import Any
 from kworkers.testing.broker import free_port
 
 
-def prometheus_binary() -> str:
-    """The ``prometheus`` binary; the calling test skips (fails under CI) without it."""
-    found = shutil.which("prometheus")
+def prometheus_binary(name: str = "prometheus") -> str:
+    """A program of Debian's prometheus package (``prometheus``, ``promtool``); the calling
+    test skips (fails under CI) without it."""
+    found = shutil.which(name)
     if found is None:
         import pytest
 
-        pytest.skip("prometheus is not installed: run `bash -c 'source scripts/lib.sh; "
+        pytest.skip(f"{name} is not installed: run `bash -c 'source scripts/lib.sh; "
                     "ensure_prometheus'` (Debian's prometheus package)")
     return found
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import subprocess
 import typing
 from pathlib import Path
@@ -27,6 +26,7 @@ from kworkers.errors import ConfigError
 from kworkers.metrics import MetricName, Metrics
 from kworkers.observability import alerts
 from kworkers.observability.panels import EXTERNAL_METRICS, TARGET_LABELS, queries
+from kworkers.testing.prometheus import prometheus_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -34,11 +34,7 @@ FIXTURES = ROOT / "tests" / "unit" / "promtool" / "alerts_test.yml"
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.skip("promtool is not installed: run `bash -c 'source scripts/lib.sh; "
-                    "ensure_prometheus'` (Debian's prometheus package)")
-    return found
+    return prometheus_binary("promtool")
 
 
 def run_fixtures(tmp: Path, rules_text: str) -> subprocess.CompletedProcess[str]:
