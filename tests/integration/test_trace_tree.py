@@ -36,14 +36,12 @@ from kworkers.message import Headers
 from kworkers.retry_tiers.headers import TRACE_PREVIOUS, redrive_headers
 from kworkers.retry_tiers.policy import no_jitter
 from kworkers.testing import Broker
+from kworkers.testing.otel import memory_tracing
 from kworkers.testing.workload import make_topic, produce, read_all, unique
 from tests.integration.conftest import running, wait_for
 
 pytestmark = pytest.mark.integration
 
-sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
-export = pytest.importorskip("opentelemetry.sdk.trace.export")
-memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
 otel = pytest.importorskip("opentelemetry.trace")
 propagate = pytest.importorskip("opentelemetry.trace.propagation.tracecontext")
 
@@ -138,9 +136,7 @@ def test_a_record_dead_lettered_and_redriven_is_one_followable_trace(
         monkeypatch.setattr(tracing, "mark_failed_attempt", lambda exc, span: None)
     elif canary == "redrive":  # a redrive that treats the link header as any other of ours
         monkeypatch.setattr(replayer, "redrive_headers", _without_link)
-    exporter = memory.InMemorySpanExporter()
-    provider = sdk_trace.TracerProvider()
-    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     bs = kafka_broker.bootstrap_servers
     topic, group = make_topic(bs, unique("trace"), 1), unique("g")
     invoke = tracing.TracedInvoke(tracing.otel_span_starter(provider),

@@ -16,6 +16,7 @@ from kworkers.consumer.ports import Invoker, Records
 from kworkers.errors import BatchError, DecodeError
 from kworkers.retry_tiers.headers import redrive_headers, user_headers
 from kworkers.retry_tiers.router import failure_headers
+from kworkers.testing.otel import memory_tracing
 from kworkers.tracing import (
     Conventions,
     SpanLink,
@@ -298,12 +299,7 @@ def test_span_attributes_follow_the_record() -> None:
 
 def test_opentelemetry_span_joins_the_records_trace() -> None:
     """Runs where the `otel` extra is installed: a real span, parented by the header."""
-    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
-    export = pytest.importorskip("opentelemetry.sdk.trace.export")
-    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
-    exporter = memory.InMemorySpanExporter()
-    provider = sdk_trace.TracerProvider()
-    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     start = otel_span_starter(provider)  # not the global provider: that can be set only once
     assert start is not None
     invoke = TracedInvoke(start)
@@ -420,12 +416,7 @@ def test_each_hop_replaces_the_link_and_a_redrive_keeps_it() -> None:
 
 def test_the_opt_in_variable_renames_a_real_span(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the environment, as an operator sets it: the OpenTelemetry SDK's spans."""
-    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
-    export = pytest.importorskip("opentelemetry.sdk.trace.export")
-    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
-    exporter = memory.InMemorySpanExporter()
-    provider = sdk_trace.TracerProvider()
-    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     m = msg(("traceparent", VALID.encode()), ("kw-trace-previous", PREV.encode()), attempt=2)
     names = {}
     for value in (None, "messaging", "messaging/dup"):

@@ -525,14 +525,10 @@ def test_an_engine_needs_a_sql_store_and_a_source_topic(tmp_path: Path) -> None:
 def test_with_opentelemetry_one_trace_links_every_step_span(store: Any) -> None:
     """Each attempt's span (TracedInvoke, as ``Engine.worker`` sets up) is the parent of the
     next activity's record, so the spans of a run form one chain in one trace."""
-    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
-    export = pytest.importorskip("opentelemetry.sdk.trace.export")
-    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+    from kworkers.testing.otel import memory_tracing
     from kworkers.tracing import TracedInvoke, otel_span_starter
 
-    exporter = memory.InMemorySpanExporter()
-    provider = sdk_trace.TracerProvider()
-    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     invoke = TracedInvoke(otel_span_starter(provider))
     engine = _engine(store, _pipeline(_ledger(store), Chaos()))
     h = Harness(engine)
