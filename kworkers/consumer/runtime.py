@@ -1,7 +1,8 @@
 """Where runners execute: daemon threads for sync handlers, one asyncio loop for async ones.
 
 Each runtime only *drives* ``Runner.steps`` (the one runner skeleton): it runs the records the
-skeleton yields and performs the hand-offs it asks for, with plain calls or with awaits.
+skeleton yields, and has everything else it asks answered by ``kworkers.consumer.answers``
+(written once), doing the waits with plain calls or with awaits.
 
 Daemon threads on purpose: a handler stuck past its deadline must not keep the process from
 exiting after a drain; ``concurrent.futures`` joins its threads at exit.
@@ -17,34 +18,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from queue import SimpleQueue
 from typing import Any
 
 from kworkers.clock import Clock
+from kworkers.consumer.answers import answer, aresolve, resolve
 from kworkers.consumer.calls import CallWatch
 from kworkers.consumer.partition import Item, Lane
 from kworkers.consumer.ports import TP
 from kworkers.consumer.runner import current_lane
-from kworkers.consumer.steps import (
-    DecodeRequest,
-    EmitRequest,
-    HandOffRequest,
-    Job,
-    LeaseWait,
-    PaceRequest,
-    TimedOut,
-    Wait,
-)
+from kworkers.consumer.steps import Job, TimedOut
 from kworkers.message import Message
 from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.runtime")
-
-#: a lease wait looks for a revoke, a stop or a fence at least this often
-LEASE_STEP_S = 0.1
 
 
 class _Call:
@@ -147,7 +136,7 @@ def _drive_sync(runner: Job, lane: Lane, items: list[Item], inc: int,
     call.lane = lane
     steps = runner.steps(lane, items, inc, timed_out)
     send = steps.send
-    handler, invoke, hand_off, ps = runner.handler, runner.invoke, runner.hand_off, lane.part
+    handler, invoke, ps = runner.handler, runner.invoke, lane.part
     now = runner.clock.monotonic
     try:
         req = next(steps)
@@ -159,27 +148,7 @@ def _drive_sync(runner: Job, lane: Lane, items: list[Item], inc: int,
             elif type(req) is list:
                 call.msg = req[0]
             else:
-                if isinstance(req, HandOffRequest):
-                    req = send(hand_off(ps, req.msg, req.exc))
-                elif isinstance(req, EmitRequest):
-                    req = send(runner.emit(ps, req))
-                elif isinstance(req, Wait):
-                    time.sleep(Wait.SECONDS)
-                    req = send(None)
-                elif isinstance(req, DecodeRequest):
-                    assert runner.decoder is not None
-                    req = send(runner.decoder.decode(req.msg, lambda: ps.halted))
-                elif isinstance(req, PaceRequest):
-                    assert runner.pacer is not None
-                    req = send(runner.pacer.acquire(req.tp, req.name, req.want,
-                                                    lambda: ps.halted or ps.fenced))
-                elif isinstance(req, LeaseWait):  # a real sleep, whatever the clock
-                    end = time.monotonic() + req.seconds
-                    while not (ps.halted or ps.fenced) and time.monotonic() < end:
-                        time.sleep(min(LEASE_STEP_S, max(0.0, end - time.monotonic())))
-                    req = send(not (ps.halted or ps.fenced))
-                else:
-                    raise TypeError(f"a runner asked for {req!r}")
+                req = send(resolve(answer(runner, ps, req)))
                 continue
             call.started = started = now()
             result: BaseException | None = None
@@ -423,37 +392,8 @@ class AsyncRuntime:
                 # a record (or a batch) to run is by far the most frequent request: tested
                 # first, by exact type (as ``_drive_sync`` does), the rest only otherwise
                 if type(req) is not Message and type(req) is not list:
-                    if isinstance(req, HandOffRequest):
-                        # Hand-offs are pipelined; only waiting for room may block: off the loop.
-                        if not runner.hand_offs.has_room():
-                            await asyncio.to_thread(runner.hand_offs.wait_room, ps)
-                        req = steps.send(runner.hand_off(ps, req.msg, req.exc))
-                        continue
-                    if isinstance(req, EmitRequest):
-                        if not runner.hand_offs.has_room():
-                            await asyncio.to_thread(runner.hand_offs.wait_room, ps)
-                        req = steps.send(runner.emit(ps, req))
-                        continue
-                    if isinstance(req, Wait):
-                        await asyncio.sleep(Wait.SECONDS)
-                        req = steps.send(None)
-                        continue
-                    if isinstance(req, DecodeRequest):
-                        assert runner.decoder is not None
-                        req = steps.send(await runner.decoder.adecode(req.msg, lambda: ps.halted))
-                        continue
-                    if isinstance(req, PaceRequest):
-                        assert runner.pacer is not None
-                        req = steps.send(await runner.pacer.aacquire(
-                            req.tp, req.name, req.want, lambda: ps.halted or ps.fenced))
-                        continue
-                    if isinstance(req, LeaseWait):  # a real sleep, whatever the clock
-                        end = time.monotonic() + req.seconds
-                        while not (ps.halted or ps.fenced) and time.monotonic() < end:
-                            await asyncio.sleep(
-                                min(LEASE_STEP_S, max(0.0, end - time.monotonic())))
-                        req = steps.send(not (ps.halted or ps.fenced))
-                        continue
+                    req = steps.send(await aresolve(answer(runner, ps, req)))
+                    continue
                 result: BaseException | None = None
                 calls = self._calls
                 tp = ps.tp
