@@ -22,19 +22,18 @@ from kworkers.clock import Clock
 from kworkers.consumer import backpressure, observe
 from kworkers.consumer.breaker import State
 from kworkers.consumer.buffered import BufferedHandOffs
-from kworkers.consumer.calls import CallWatch
 from kworkers.consumer.commit import CommitOutcome, Run
 from kworkers.consumer.committer import Committer
-from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.dispatch import Dispatcher
 from kworkers.consumer.fencing import Membership
 from kworkers.consumer.lag_view import Facts, Figures, LagView
 from kworkers.consumer.partition import PartitionState
+from kworkers.consumer.poll_loop import VIEWS_INTERVAL_S, PollLoop
 from kworkers.consumer.ports import TP, ConsumerPort, TransactionPort
 from kworkers.consumer.runner import Runner
 from kworkers.consumer.settings import POLL_TIMEOUT_S, LoopSettings
-from kworkers.consumer.stall import UNHEALTHY_AFTER, PartitionView
-from kworkers.consumer.stall_watch import LagSource, StallWatch
+from kworkers.consumer.stall import UNHEALTHY_AFTER
+from kworkers.consumer.stall_watch import LagSource
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.consumer.transactional import TransactionalCommitter
 from kworkers.memory import RECORD_COST
@@ -45,8 +44,6 @@ log = logging.getLogger("kworkers.consumer")
 
 #: how often the consumer-lag gauge is refreshed (from the client's cached watermarks)
 LAG_INTERVAL_S = 5.0
-#: how often the poll thread publishes its partitions' state for the stall watch
-VIEWS_INTERVAL_S = 0.5
 #: how often a fenced member whose coordinator answers again asks whether it is a member
 PROBE_EVERY_S = 1.0
 #: an idle wait woken by a completion gathers the others arriving this long after it
@@ -66,25 +63,19 @@ HOLD_S = 0.5
 HOLDS = True
 
 
-class Processor:
+class Processor(PollLoop):
     def __init__(self, settings: LoopSettings, consumer: ConsumerPort, topics: Iterable[str],
                  runner: Runner, metrics: Metrics, clock: Clock, supervisor: Supervisor,
                  gate: TierGate | None = None, offsets: LagSource | None = None,
                  membership: Membership | None = None,
                  transactions: TransactionPort | None = None,
                  lag_source: LagSource | None = None) -> None:
-        self.settings = settings
-        self.supervisor = supervisor
-        #: handler calls running on: unready past one bound, unhealthy past the other
-        self.calls = CallWatch(runner.runtime, supervisor, settings.slow_call_bound(),
-                               settings.hung_call_bound(), clock)
+        group = consumer.group
+        super().__init__(settings, runner, metrics, clock, supervisor, group, runner.timeout,
+                         offsets)
         self.consumer = consumer
         self.topics = list(topics)
-        self.runner = runner
-        self.clock = clock
         self.gate = gate
-        self.group = group = consumer.group
-        self.metrics = metrics
         self.parts: dict[TP, PartitionState] = {}
         self.committer: Committer | TransactionalCommitter
         if transactions is None:
@@ -108,8 +99,6 @@ class Processor:
         # batch handlers take whole partitions (keys stay in order inside a batch)
         key_lanes = settings.ordering == "key" and runner.batch is None
         self.dispatcher = Dispatcher(self.parts, runner, key_lanes, gate, clock)
-        self.watch = (DeadlineWatch(runner.timeout, clock, runner.start)
-                      if runner.watched and runner.timeout is not None else None)
         self.limits = backpressure.Limits(
             settings.max_in_flight, settings.max_in_flight_per_partition,
             gate.capacity if gate is not None else None, settings.max_in_flight_bytes)
@@ -124,41 +113,24 @@ class Processor:
         self._record_bytes = 0
         #: since when partitions are held (``backpressure``: the loop takes nothing meanwhile)
         self._hold_since: float | None = None
-        #: the partitions as the stall watch sees them (replaced whole, never mutated)
-        self.stall_views: tuple[PartitionView, ...] = ()
-        self._last_views = float("-inf")
         #: the lag gauge, right from the first scrape (committed offsets read at assignment)
         self.lag_view = LagView(group, lag_source, metrics.lag,
                                 Figures(metrics.time_lag, metrics.drainable,
                                         metrics.drainable_time_lag, metrics.tier_waiting,
                                         metrics.tier_due), clock)
-        self.stall_watch = StallWatch(
-            self.group, settings.partition_stall_bound(), lambda: self.stall_views, offsets,
-            clock, supervisor,
-            lambda tp: metrics.partition_stalled.labels(self.group, tp[0], str(tp[1])))
         self._m_paused_by = {why: metrics.paused.labels(group, why)
                              for why in ("backpressure", "breaker", "draining", "fenced")}
         self._m_member_fenced = metrics.member_fenced.labels(group)
         self._m_member_fenced.set(0)
-        self._m_ok = metrics.records.labels(group, "ok")
-        self._m_retried = metrics.records.labels(group, "retried")
-        self._m_dead = metrics.records.labels(group, "dead_lettered")
         self._m_skipped = metrics.records.labels(group, "skipped")
-        self._m_duration = metrics.handler_duration.labels(group)
-        self._m_in_flight = metrics.in_flight.labels(group)
         self._m_in_flight_bytes = metrics.in_flight_bytes.labels(group)
         metrics.in_flight_bytes_bound.labels(group).set(settings.max_in_flight_bytes)
-        self._m_fenced = metrics.fenced.labels(group)
         self._since_commit = 0
         self._last_commit = clock.monotonic()
         self._last_lag = float("-inf")
         self._breaker_was_open = False
-        self._draining = False
         #: the drain has waited for the work under way (and given up on what is left)
         self._drained = False
-        self._stop = threading.Event()
-        self.ready = threading.Event()
-        self.closed = threading.Event()
         #: rebalance events as they happened ("assign" / "revoke" / "lost", partitions)
         self.history: list[tuple[str, list[TP]]] = []
 
@@ -167,7 +139,7 @@ class Processor:
     def stop(self) -> None:
         """Begin a graceful stop: start no further record now (any thread, a signal handler
         included); the poll loop then drains, commits and leaves the group."""
-        self._stop.set()
+        super().stop()
         for _ in range(3):  # the poll thread may be changing the assignment meanwhile
             try:
                 for ps in list(self.parts.values()):
@@ -176,22 +148,15 @@ class Processor:
             except RuntimeError:
                 continue
 
-    def run(self) -> None:
+    def _open(self) -> None:
         self.consumer.subscribe(self.topics, self._on_assign, self._on_revoke, self._on_lost)
-        self.stall_watch.start()
-        self.supervisor.watch(f"kworkers-stall-{self.group}", self.stall_watch.alive)
-        try:
-            while not self._stop.is_set():
-                self._step()
-            self._drain()
-        finally:
-            self._close()
-            self.committer.close()
-            for ps in self.parts.values():
-                ps.stop_dispatch()
-            self.parts.clear()
-            self.stall_watch.close()
-            self.closed.set()
+
+    def _leave(self) -> None:
+        self._close()
+        self.committer.close()
+        for ps in self.parts.values():
+            ps.stop_dispatch()
+        self.parts.clear()
 
     def _step(self) -> None:
         gate = self.gate
@@ -496,10 +461,6 @@ class Processor:
         if (is_open or self._breaker_was_open) and b.would_admit():
             self.dispatcher.kick()
         self._breaker_was_open = is_open
-
-    def _supervise(self) -> None:
-        self.supervisor.check()
-        self.calls.check()
 
     def _backpressure(self) -> None:
         parts = list(self.parts.values())

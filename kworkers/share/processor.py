@@ -30,19 +30,16 @@ at most ``concurrency`` lanes at once, so no record waits behind a slow one long
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Iterable
 
 from kworkers.clock import Clock
-from kworkers.consumer.calls import CallWatch
-from kworkers.consumer.deadline import DeadlineWatch
 from kworkers.consumer.partition import Item, Lane, Poisoned
+from kworkers.consumer.poll_loop import VIEWS_INTERVAL_S, PollLoop
 from kworkers.consumer.ports import TP
 from kworkers.consumer.runner import Runner
 from kworkers.consumer.settings import POLL_TIMEOUT_S, LoopSettings
 from kworkers.consumer.stall import Hold, PartitionView
-from kworkers.consumer.stall_watch import StallWatch
 from kworkers.metrics import Metrics, observe_many
 from kworkers.share.backlog import BacklogReporter
 from kworkers.share.gate import LockGate
@@ -59,25 +56,19 @@ WAIT_S = 0.02
 ACK_FLUSH_S = 0.2
 #: refused acknowledgements are summarised in the log at most this often
 ACK_LOG_S = 10.0
-#: how often the poll thread publishes its partitions' state for the stall watch
-VIEWS_INTERVAL_S = 0.5
 
 
-class ShareProcessor:
+class ShareProcessor(PollLoop):
     def __init__(self, settings: LoopSettings, consumer: SharePort, topics: Iterable[str],
                  runner: Runner, gate: LockGate, rules: ShareRules, metrics: Metrics,
                  clock: Clock, supervisor: Supervisor) -> None:
-        #: the loop's settings, with the handler deadline the share group's lock allows
-        self.settings = settings
+        # settings: the loop's, with the handler deadline the share group's lock allows
+        group = consumer.group
+        super().__init__(settings, runner, metrics, clock, supervisor, group, rules.deadline_s)
         self.consumer = consumer
         self.topics = list(topics)
-        self.runner = runner
         self.gate = gate
         self.rules = rules
-        self.metrics = metrics
-        self.clock = clock
-        self.supervisor = supervisor
-        self.group = group = consumer.group
         #: records acquired and not yet acknowledged -> when (the gate reads it)
         self.held = gate.acquired
         self.parts: dict[TP, SharePartition] = {}
@@ -88,19 +79,8 @@ class ShareProcessor:
         self.positions: dict[TP, int] = {}
         #: measured handler seconds per record (None until the first completions)
         self.mean_s: float | None = None
-        self.watch = (DeadlineWatch(rules.deadline_s, clock, runner.start)
-                      if runner.watched else None)
-        #: handler calls running on: unready past one bound, unhealthy past the other
-        self.calls = CallWatch(runner.runtime, supervisor, settings.slow_call_bound(),
-                               settings.hung_call_bound(), clock)
         self.backlog_reporter = BacklogReporter(consumer, self.positions,
                                                 metrics.share_backlog, group)
-        self._m_ok = metrics.records.labels(group, "ok")
-        self._m_retried = metrics.records.labels(group, "retried")
-        self._m_dead = metrics.records.labels(group, "dead_lettered")
-        self._m_duration = metrics.handler_duration.labels(group)
-        self._m_in_flight = metrics.in_flight.labels(group)
-        self._m_fenced = metrics.fenced.labels(group)
         self._m_acks = {kind: metrics.share_acks.labels(group, kind)
                         for kind in ("accept", "release", "reject")}
         self._m_ack_failures = metrics.share_ack_failures.labels(group)
@@ -110,43 +90,25 @@ class ShareProcessor:
         self._refused = 0
         self._last_refusal = ""
         self._last_ack_log = float("-inf")
-        self._draining = False
-        self._stop = threading.Event()
-        self.ready = threading.Event()
-        self.closed = threading.Event()
-        #: a partition holding acquired records with none running, and no progress for the
-        #: bound, is stalled (no lag query: the held records are the work waiting)
-        self.stall_views: tuple[PartitionView, ...] = ()
-        self._last_views = float("-inf")
-        self.stall_watch = StallWatch(
-            group, settings.partition_stall_bound(), lambda: self.stall_views, None, clock,
-            supervisor, lambda tp: metrics.partition_stalled.labels(group, tp[0], str(tp[1])))
+        # a partition holding acquired records with none running, and no progress for the
+        # bound, is stalled (no lag query: the held records are the work waiting)
 
     # ------------------------------------------------------------------ lifecycle
+    # (``stop`` is the skeleton's: the drain releases what has not started, finishes what
+    # has, and leaves)
 
-    def stop(self) -> None:
-        """Begin a graceful stop: release what has not started, finish what has, leave."""
-        self._stop.set()
-
-    def run(self) -> None:
+    def _open(self) -> None:
         self.consumer.subscribe(self.topics)
         self.backlog_reporter.start()
-        self.stall_watch.start()
-        self.supervisor.watch(f"kworkers-stall-{self.group}", self.stall_watch.alive)
+
+    def _leave(self) -> None:
+        self.backlog_reporter.stop()
         try:
-            while not self._stop.is_set():
-                self._step()
-            self._drain()
-        finally:
-            self.backlog_reporter.stop()
-            try:
-                self.consumer.close()  # sends what is left and leaves the group
-            except Exception:
-                log.exception("share consumer close failed")
-            for ps in self.parts.values():
-                ps.halt()
-            self.stall_watch.close()
-            self.closed.set()
+            self.consumer.close()  # sends what is left and leaves the group
+        except Exception:
+            log.exception("share consumer close failed")
+        for ps in self.parts.values():
+            ps.halt()
 
     def _step(self) -> None:
         if not self.held:
@@ -397,12 +359,6 @@ class ShareProcessor:
             self._refused = 0
             self._last_ack_log = now
         self._m_in_flight.set(len(self.held))
-
-    # ------------------------------------------------------------------ supervision
-
-    def _supervise(self) -> None:
-        self.supervisor.check()
-        self.calls.check()
 
 
 def _key_of(ps: SharePartition, item: Item) -> RecordKey:
