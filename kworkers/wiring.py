@@ -21,7 +21,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from queue import SimpleQueue
 from types import FrameType
@@ -63,6 +63,7 @@ from kworkers.metrics import Metrics
 from kworkers.pace.bucket import BucketStore
 from kworkers.pace.pacer import Pacer
 from kworkers.record_key import RecordKeys
+from kworkers.retry_tiers.destinations import Route
 from kworkers.retry_tiers.policy import JitterSource
 from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.routing import is_retryable
@@ -114,6 +115,8 @@ class Parts:
     #: the main loop's records wait in a timer heap until the due time this check admits
     #: them with (a scheduler's delay topics, ``kworkers.schedule``); None: run at once
     hold: RecordCheck | None = None
+    #: the destinations the code adds (a parking topic, ...), asked before the retry policy
+    routes: Sequence[Route] = ()
 
 
 class Assembly:
@@ -152,7 +155,7 @@ class Assembly:
     def _runner(self, group: str, timeout: float | None, invoke: Invoker) -> Runner:
         p, cfg = self.parts, self.parts.config
         router = FailureRouter(cfg.retry, cfg.tiers, cfg.group_id, p.jitter, p.clock,
-                               self.keys)
+                               self.keys, p.routes)
         done: SimpleQueue[Completion] = SimpleQueue()
         hand_offs: HandOffs
         if self.exactly_once and cfg.mode == "partition":

@@ -16,7 +16,9 @@ goes with the store the code builds; ``require_ids`` (refuse records without act
 deserializers and serializers (``value_serializer`` / ``key_serializer`` turn what a handler
 gives ``activity.produce`` into bytes); ``rate_store`` (where a pool-wide ``rate_limit``
 keeps its bucket, when not in the ``idempotency`` store) and ``rate_key`` (a function naming
-each record's rate-limit bucket: ``kworkers.pace``).
+each record's rate-limit bucket: ``kworkers.pace``); ``routes`` (destinations the code adds
+for some failures, a parking topic for one, asked before the retry policy:
+``kworkers.retry_tiers.destinations``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
@@ -48,6 +50,7 @@ from kworkers.metrics import Metrics
 from kworkers.pace import BucketStore, buckets_for
 from kworkers.payloads.decode import DecodeBackoff, RecordDecoder
 from kworkers.payloads.serde import Deserializer, Serializer, check_callable
+from kworkers.retry_tiers.destinations import Route
 from kworkers.retry_tiers.policy import JitterSource, SeededJitter
 from kworkers.supervision import Fault, Supervisor
 from kworkers.topic_plan import TopicSpec
@@ -98,6 +101,7 @@ class Worker:
         rate_key: Callable[[Message], str | None] | None = None,
         hold: RecordCheck | None = None,
         outbox: Outbox | None = None,
+        routes: Sequence[Route] = (),
         **settings: Any,
     ) -> None:
         if config is None:
@@ -147,6 +151,8 @@ class Worker:
         self._rate_key = rate_key
         #: the source records wait in a timer heap until due (``kworkers.schedule``'s rungs)
         self._hold = hold
+        #: the code's own destinations (``retry_tiers.destinations.Route``)
+        self._routes = tuple(routes)
         if rate_key is not None and (config.rate_limit is None or config.rate_limit.per != "all"):
             raise ConfigError("rate_key names each record's bucket: it needs a rate_limit with "
                               "per='all' (the default)")
@@ -223,7 +229,7 @@ class Worker:
                      invoke=self._invoke, idempotency=self._idempotency,
                      rate_store=self._rate_store,
                      rate_key=self._rate_key if config.rate_limit is not None else None,
-                     hold=self._hold)
+                     hold=self._hold, routes=self._routes)
         if self._decoder is not None:  # the code's deserializers (no setting changes them),
             # their series under the group that runs (``kworkers run --group``), not the code's
             new._decoding = self._decoding
@@ -347,7 +353,7 @@ class Worker:
             self.config, self._handler, self._batch, self._invoke, self.metrics, self.clock,
             self.jitter, self.supervisor, self._hard_stop, self._sender, self._consumer,
             self._decoder, self._transactions, self._buckets, self._rate_key,
-            self._hold))
+            self._hold, self._routes))
         self._loops = assembly.loops
         if self._decoder is not None:  # this run's readiness names a registry outage
             self._decoder.on_outage = self._registry_outage

@@ -71,9 +71,10 @@ class BufferedHandOffs:
         plan = plan_hand_off(self.router, msg, exc, self.supervisor)
         if plan is None:
             return False
-        retry = plan.destination == "retry"
+        retry = plan.destination.retried
         self.buffer.add(ps, [Entry(msg.offset, msg, [_output(plan)], retried=int(retry),
-                                   dead=int(not retry))])
+                                   dead=int(not retry),
+                                   falls_back=plan.destination.falls_back)])
         self.failures.handed(failure_type(exc), plan.topic)
         (self.metrics.retries if retry else self.metrics.dead_letters).labels(
             self.group, plan.label).inc()
@@ -101,7 +102,8 @@ class BufferedHandOffs:
                     err)
         plan = self.router.dead_letter(entry.msg, HandOffError(f"{topic} refused: {err}"))
         self.metrics.dead_letters.labels(self.group, plan.label).inc()
-        return Entry(entry.offset, entry.msg, [_output(plan)], dead=1)
+        return Entry(entry.offset, entry.msg, [_output(plan)], dead=1,
+                     falls_back=plan.destination.falls_back)
 
     def tick(self) -> None:
         self.failures.flush()

@@ -2,7 +2,9 @@
 to their topics; pipelined, never dropped (at least once; exactly once is ``buffered``'s).
 
 Beside the router on purpose: ``FailureRouter`` decides where a record goes and with which
-headers (pure); this step sends it and owns what a send's outcome means. A handler's outputs
+headers (pure); this step sends it and owns what a send's outcome means, asking the hand-off's
+``Destination`` (``retry_tiers.destinations``) what it counts as and whether a refusal falls
+back to the DLQ: it names no concrete destination. A handler's outputs
 (``activity.produce``) follow the same rules: the record completes once every output of its
 call is acknowledged, and an output refused for good sends the record to its own DLQ with the
 reason (the outputs already acknowledged stay: at least once).
@@ -22,9 +24,10 @@ What a refused send means:
   holding the commit, for as long as it takes;
 - *permanent* (not authorised, record too large, or the destination still missing after
   ``MISSING_LIMIT`` tries, each after a metadata refresh by the client): the record goes to its
-  own source's DLQ with the reason instead;
-- the DLQ itself refusing for good: the worker turns unhealthy and says why (the record stays
-  uncommitted, retried in place, until the process is restarted).
+  own source's DLQ with the reason instead (a destination that ``falls_back``: a tier, an
+  output, a user's route);
+- the DLQ itself refusing for good (nothing to fall back to): the worker turns unhealthy and
+  says why (the record stays uncommitted, retried in place, until the process is restarted).
 
 A hand-off is abandoned only when its partition is revoked or the worker stops: the offset was
 never completed, so the next owner reads the record again.
@@ -51,6 +54,7 @@ from kworkers.errors import HandOffError
 from kworkers.memory import message_bytes
 from kworkers.message import Message
 from kworkers.metrics import Metrics
+from kworkers.retry_tiers.destinations import DLQ, RETRY
 from kworkers.retry_tiers.router import FailureRouter, HandOff
 from kworkers.supervision import Supervisor
 
@@ -112,8 +116,15 @@ class _Pending:
 
     @property
     def destination(self) -> str:
+        """The metric label of where it goes."""
         plan = self.plan
-        return "output" if isinstance(plan, Output) else plan.destination
+        return "output" if isinstance(plan, Output) else plan.destination.label
+
+    @property
+    def falls_back(self) -> bool:
+        """Refused for good, the record goes to its own DLQ instead (else the worker fails)."""
+        plan = self.plan
+        return isinstance(plan, Output) or plan.destination.falls_back
 
 
 def plan_hand_off(router: FailureRouter, msg: Message, exc: BaseException,
@@ -155,8 +166,9 @@ class HandOffStep:
         self.failures = FailureLog(log, group, clock)
         self._m_blocked = metrics.handoff_blocked.labels(group)
         # shown at 0 from the first scrape: the first refusal is then an increase rate() sees
-        for destination in ("retry", "dlq", "output"):
-            metrics.handoff_failures.labels(group, destination)
+        for label in dict.fromkeys((RETRY.label, DLQ.label, "output",
+                                    *(r.destination.label for r in router.routes))):
+            metrics.handoff_failures.labels(group, label)
         #: the labelled counters, looked up once per tier or error type, not per record
         self._m_retries: dict[str, Any] = {}
         self._m_dead: dict[str, Any] = {}
@@ -217,7 +229,7 @@ class HandOffStep:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s/%d@%d attempt %d failed (%s: %s) -> %s %s", msg.topic, msg.partition,
                       msg.offset, msg.attempt, type(exc).__name__, str(exc)[:200],
-                      plan.destination, plan.topic)
+                      plan.destination.label, plan.topic)
         self._send(pending)
         return True
 
@@ -281,7 +293,7 @@ class HandOffStep:
         if not acks:  # every step of every loop asks; most have nothing
             return []
         done: dict[Partition, tuple[list[int], list[int]]] = {}
-        counts: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[bool, str], int] = {}
         try:
             while True:
                 p = acks.popleft()
@@ -291,18 +303,19 @@ class HandOffStep:
                 if entry is None:
                     entry = done[p.ps] = ([], [0, 0])
                 entry[0].append(p.msg.offset)
-                entry[1][0 if plan.destination == "retry" else 1] += 1
-                what = (plan.destination, plan.label)
+                retried = plan.destination.retried
+                entry[1][0 if retried else 1] += 1
+                what = (retried, plan.label)
                 counts[what] = counts.get(what, 0) + 1
         except IndexError:
             pass
-        for (destination, label), n in counts.items():
-            self._counter(destination, label).inc(n)
+        for (retried, label), n in counts.items():
+            self._counter(retried, label).inc(n)
         return [Completion(ps, offsets, n[0], n[1], 0.0, 0) for ps, (offsets, n) in done.items()]
 
-    def _counter(self, destination: str, label: str) -> Any:
+    def _counter(self, retried: bool, label: str) -> Any:
         """The labelled counter of a tier (retries) or an error type (dead letters)."""
-        if destination == "retry":
+        if retried:
             counters, family = self._m_retries, self.metrics.retries
         else:
             counters, family = self._m_dead, self.metrics.dead_letters
@@ -376,7 +389,7 @@ class HandOffStep:
                     self._output_done(p, rec, dead=False)
                     return
                 rec.dead = True
-            if p.destination != "dlq":
+            if p.falls_back:
                 what = "an output" if isinstance(plan, Output) else "the hand-off"
                 log.warning("%s refused %s of %s/%d@%d for good (%s): dead-lettering the "
                             "record instead", plan.topic, what, p.msg.topic, p.msg.partition,

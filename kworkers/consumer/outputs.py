@@ -193,3 +193,6 @@ class Entry:
     retried: int = 0
     dead: int = 0
     after: list[Callable[[], None]] | None = None
+    #: refused for good, the record goes to its own DLQ instead; False for the DLQ's own
+    #: records (``Destination.falls_back``): the worker fails
+    falls_back: bool = True

@@ -323,7 +323,7 @@ class TransactionalCommitter:
         when refused for good."""
         if self.port.classify(exc) != "permanent":
             return entry
-        if entry.dead:
+        if not entry.falls_back:  # the DLQ's own record: nowhere left to go
             self.supervisor.fail("dead-letter queue", f"{entry.outputs[0].topic} refuses dead "
                                  f"letters ({exc}); {entry.msg.topic}/{entry.msg.partition}@"
                                  f"{entry.msg.offset} stays uncommitted")

@@ -9,11 +9,14 @@ Pure logic only (no broker I/O): the consumer loop joins these decisions to a pr
 - ``delay``: ``DelayBuffer``, the bounded timer heap of a tier consumer.
 - ``tier_record``: what a record read from a tier must satisfy before it runs.
 - ``router``: ``FailureRouter``, a failed attempt to its destination and headers.
+- ``destinations``: ``Destination``, what the engine asks of where a hand-off goes (``RETRY``,
+  ``DLQ``), and ``Route``, a destination the code adds (``Worker(routes=...)``).
 
 Sending a hand-off and what its outcome means is the engine's (``kworkers.consumer.handoff``).
 """
 
 from kworkers.retry_tiers.delay import DelayBuffer
+from kworkers.retry_tiers.destinations import DLQ, RETRY, Destination, Route
 from kworkers.retry_tiers.headers import (
     MAX_HEADER_VALUE,
     FailureInfo,
@@ -44,15 +47,19 @@ from kworkers.retry_tiers.tiers import Tier, TierLadder
 from kworkers.topic_names import source_topic_of
 
 __all__ = [
+    "DLQ",
     "MAX_ERROR_MESSAGE",
     "MAX_HEADER_VALUE",
+    "RETRY",
     "DeadLetterDecision",
     "DelayBuffer",
+    "Destination",
     "FailureInfo",
     "HeaderError",
     "JitterSource",
     "RetryDecision",
     "RetryPolicy",
+    "Route",
     "SeededJitter",
     "Tier",
     "TierLadder",

@@ -3,18 +3,22 @@
 The topic follows from configuration only: the topic the record was read from, mapped through
 the worker's tier ladder, picks the ladder and the DLQ (record headers are data from outside).
 
-Pure: the decision (``route``) and the failure record (headers) are computed here; sending is
-the caller's, through a ``Sender`` that reports the broker's acknowledgement. The
-source offset is completed only after that acknowledgement.
+Pure: the decision (``route``) and the failure record (headers) are computed here, once per
+failed record; sending is the caller's, through a ``Sender`` that reports the broker's
+acknowledgement. The source offset is completed only after that acknowledgement. The caller
+knows the hand-off's ``Destination`` (``destinations``) by what it means, never by name: a
+destination a user adds is a ``Route`` registered here (``routes``), consulted before the policy.
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Protocol
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from kworkers.clock import Clock
 from kworkers.errors import checkpoint_of, failure_message, failure_type
 from kworkers.message import Headers, Message
+from kworkers.retry_tiers.destinations import DLQ, RETRY, Destination, Route
 from kworkers.retry_tiers.headers import (
     CHECKPOINT,
     FailureHeaders,
@@ -52,13 +56,13 @@ class HandOff(NamedTuple):
     """Where one failed attempt goes, with which headers (a ``NamedTuple``: one per failed
     record, see ``routing.RetryDecision``)."""
 
-    destination: Literal["retry", "dlq"]
+    destination: Destination  # what the engine asks: the label, retried or dead, fallback
     topic: str
     key: bytes | None
     value: bytes | None
     headers: Headers
     decision: RetryDecision | DeadLetterDecision
-    label: str  # the tier label, or the error type for the DLQ (metrics)
+    label: str  # the tier label, or the error type for any other destination (metrics)
 
 
 class FailureRouter:
@@ -70,10 +74,14 @@ class FailureRouter:
     read (``tier_record.check_tier_record``): one refused there arrives as a
     ``CorruptTierRecord`` failure and goes to its own source's DLQ with the reason, its kw-*
     headers dropped, instead of being retried.
+
+    ``routes``: the destinations a user adds (``destinations.Route``), asked in order before
+    the retry policy; the first naming a topic takes the failure, with dead-letter headers.
     """
 
     def __init__(self, policy: RetryPolicy, ladder: TierLadder, group: str,
-                 jitter: JitterSource, clock: Clock, keys: Origins | None = None) -> None:
+                 jitter: JitterSource, clock: Clock, keys: Origins | None = None,
+                 routes: Sequence[Route] = ()) -> None:
         self.policy = policy.normalized()
         self.ladder = ladder
         self.group = group
@@ -82,6 +90,7 @@ class FailureRouter:
         #: where work began (``kworkers.record_key``): the origin the hand-off records, so the
         #: key of a record without ids stays the same in the tiers and the DLQ
         self.keys = keys
+        self.routes = tuple(routes)
         #: (attempt, error type, message, marked) -> the rung and its headers, encoded once:
         #: in a storm thousands of records fail alike (bounded: a handler may put a record's
         #: own data in its messages)
@@ -98,10 +107,30 @@ class FailureRouter:
         now = self.clock.now()
         source = self.source_topic(msg)  # the one way (a hostile-records canary replaces it)
         error_type, error_message, marked = failure_facts(exc)
+        if self.routes:
+            routed = self._routed(msg, exc, source, now, error_type, error_message)
+            if routed is not None:
+                return routed
         step, headers = self._rung(msg.attempt, error_type, error_message, marked)
         decision = decide(step, self.ladder, source, now, self.jitter)
         return self._hand_off(msg, decision, headers, source, now, _checkpoint(msg, exc),
                               failure_headers(exc))
+
+    def _routed(self, msg: Message, exc: BaseException, source: str, now: float,
+                error_type: str, error_message: str) -> HandOff | None:
+        """The first registered route taking the failure: there, as a dead letter whose reason
+        is the destination's label."""
+        for route in self.routes:
+            topic = route.topic_for(msg, exc, source)
+            if topic is not None:
+                where = route.destination
+                dead = DeadLetterDecision(msg.attempt, "non_retryable", error_type,
+                                          error_message)
+                headers = FailureHeaders(self.group, msg.attempt, error_type, error_message)
+                return HandOff(where, topic, msg.key, msg.value,
+                               headers.dead(msg, now, where.label, self._origin(msg))
+                               + failure_headers(exc), dead, error_type)
+        return None
 
     def _rung(self, attempt: int, error_type: str, error_message: str,
               marked: bool) -> tuple[Rung, FailureHeaders]:
@@ -139,10 +168,10 @@ class FailureRouter:
                   checkpoint: bytes | None = None, extra: Headers = ()) -> HandOff:
         origin = self._origin(msg)
         if isinstance(decision, RetryDecision):
-            return HandOff("retry", decision.tier.topic, msg.key, msg.value,
+            return HandOff(RETRY, decision.tier.topic, msg.key, msg.value,
                            headers.retry(msg, now, decision.due_at, origin, checkpoint) + extra,
                            decision, decision.tier.label)
-        return HandOff("dlq", self.ladder.dlq_topic(source), msg.key, msg.value,
+        return HandOff(DLQ, self.ladder.dlq_topic(source), msg.key, msg.value,
                        headers.dead(msg, now, decision.reason, origin) + extra, decision,
                        decision.error_type)
 

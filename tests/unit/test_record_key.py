@@ -83,7 +83,7 @@ def _hop(router: FailureRouter, msg: Message, exc: Exception, offset: int) -> Me
     """``msg`` failed with ``exc``: the record the router writes, as read back at ``offset``."""
     h = router.plan(msg, exc)
     return Message(h.topic, msg.partition, offset, h.key, h.value, h.headers, msg.timestamp_ms,
-                   msg.attempt + 1 if h.destination == "retry" else msg.attempt)
+                   msg.attempt + 1 if h.destination.label == "retry" else msg.attempt)
 
 
 def test_the_key_is_the_origin_and_never_an_explicit_key() -> None:

@@ -33,6 +33,10 @@ REQUIRED = {
         "redrive_headers",
         "MAX_HEADER_VALUE",
         "MAX_ERROR_MESSAGE",
+        "Destination",
+        "Route",
+        "RETRY",
+        "DLQ",
     },
     "kworkers.dlq": {"DeadLetter", "RedriveFilter"},
 }

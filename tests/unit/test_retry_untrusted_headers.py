@@ -104,7 +104,7 @@ def test_a_tier_record_naming_another_origin_goes_to_its_own_dlq_with_the_reason
         origin: bytes) -> None:
     msg = Message(TIER, 1, 9, b"k", b"v", _forged(origin), None, 2)
     plan = _through_gate(msg, RuntimeError("handler failed"))
-    assert (plan.destination, plan.topic) == ("dlq", "orders.dlq")
+    assert (plan.destination.label, plan.topic) == ("dlq", "orders.dlq")
     info = failure_of(plan.headers)
     assert info is not None
     assert info.error_type == "HeaderError" and "kw-original-topic" in info.error_message
