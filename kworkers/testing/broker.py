@@ -32,7 +32,6 @@ SCRAM credentials; the official image's entry point cannot.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kworkers.testing.server_container import ServerContainer
 from kworkers.testing.server_process import ServerProcess
 from kworkers.testing.tls import Pki
 
@@ -281,7 +281,6 @@ class ContainerBroker:
                  sasl_users: dict[str, str] | None = None,
                  listeners: Mapping[str, str] | None = None,
                  security: Security | None = None):
-        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         self.image = image
         self.port = free_port()
         self.controller_port = free_port()
@@ -290,72 +289,38 @@ class ContainerBroker:
         self.env, self.sasl_bootstrap, self.secure = _listeners(
             {**_server_env(self.port, self.controller_port), **(extra_env or {})},
             self.port, self.controller_port, sasl_users, listeners, security)
+        volumes: list[tuple[str, str]] = []
         if security is not None:
             self.env["KWORKERS_KAFKA_HOME"] = "/opt/kafka"  # the jars, in either image
-        self._tc: Any = None
-
-    def _container(self) -> Any:
-        return self._tc.get_wrapped_container()
+            pki = str(security.pki.dir)
+            volumes = [(pki, pki), (str(KAFKA_RUN), "/kworkers/kafka-run")]
+        self.server = ServerContainer(
+            image, self.env, None if security is None else ["/kworkers/kafka-run"], volumes)
 
     def start(self) -> None:
-        if self._tc is None:
-            from testcontainers.core.container import DockerContainer
-
-            secure: dict[str, Any] = {} if self.security is None else {
-                "entrypoint": ["/kworkers/kafka-run"]}
-            tc = DockerContainer(self.image, network_mode="host", **secure)
-            for k, v in self.env.items():
-                tc.with_env(k, v)
-            if self.security is not None:
-                pki = str(self.security.pki.dir)
-                tc.with_volume_mapping(pki, pki, "ro")
-                tc.with_volume_mapping(str(KAFKA_RUN), "/kworkers/kafka-run", "ro")
-            self._tc = tc.start()
-        else:
-            self._container().start()
-        wait_ready(self.bootstrap_servers, alive=self._running)
-
-    def _running(self) -> bool:
-        c = self._container()
-        c.reload()
-        return bool(c.status in ("running", "created", "restarting"))
-
-    def _unpause(self) -> None:
-        c = self._container()
-        c.reload()
-        if c.status == "paused":
-            c.unpause()
+        self.server.start(lambda alive: wait_ready(self.bootstrap_servers, alive=alive))
 
     def stop(self) -> None:
-        self._unpause()
-        self._container().stop(timeout=30)
+        self.server.stop()
 
     def kill(self) -> None:
-        self._unpause()
-        self._container().kill(signal="SIGKILL")
-        self._container().wait(timeout=30)
+        self.server.kill()
 
     def pause(self) -> None:
-        self._container().pause()
+        self.server.pause()
 
     def resume(self) -> None:
-        self._container().unpause()
+        self.server.resume()
 
     def restart(self, hard: bool = False) -> None:
         self.kill() if hard else self.stop()
         self.start()
 
     def close(self) -> None:
-        if self._tc is not None:
-            with contextlib.suppress(Exception):
-                self._container().remove(force=True, v=True)
-            self._tc = None
+        self.server.close()
 
     def logs(self) -> str:
-        if self._tc is None:
-            return ""
-        out = self._container().logs()
-        return out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+        return self.server.logs()
 
 
 def default_kafka_home() -> Path:

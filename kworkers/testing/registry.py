@@ -22,7 +22,6 @@ it without closing a socket, so a request is sent and never answered (a timeout 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kworkers.testing.broker import free_port
+from kworkers.testing.server_container import ServerContainer
 from kworkers.testing.server_process import ServerProcess
 
 REGISTRY_VERSION = "3.3.3"
@@ -125,65 +125,32 @@ class ContainerRegistry:
     supports_faults = True
 
     def __init__(self, image: str = LOCAL_REGISTRY_IMAGE) -> None:
-        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         self.image = image
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}"
         self.env = _env(self.port, free_port(), _CONTAINER_DATA)
-        self._tc: Any = None
-
-    def _container(self) -> Any:
-        return self._tc.get_wrapped_container()
-
-    def _running(self) -> bool:
-        c = self._container()
-        c.reload()
-        return bool(c.status in ("running", "created", "restarting"))
+        self.server = ServerContainer(image, self.env)
 
     def start(self) -> None:
-        if self._tc is None:
-            from testcontainers.core.container import DockerContainer
-
-            tc = DockerContainer(self.image, network_mode="host")
-            for k, v in self.env.items():
-                tc.with_env(k, v)
-            self._tc = tc.start()
-        else:
-            self._container().start()
-        wait_ready(self.url, alive=self._running)
-
-    def _unpause(self) -> None:
-        c = self._container()
-        c.reload()
-        if c.status == "paused":
-            c.unpause()
+        self.server.start(lambda alive: wait_ready(self.url, alive=alive))
 
     def stop(self) -> None:
-        self._unpause()
-        self._container().stop(timeout=30)
+        self.server.stop()
 
     def kill(self) -> None:
-        self._unpause()
-        self._container().kill(signal="SIGKILL")
-        self._container().wait(timeout=30)
+        self.server.kill()
 
     def pause(self) -> None:
-        self._container().pause()
+        self.server.pause()
 
     def resume(self) -> None:
-        self._container().unpause()
+        self.server.resume()
 
     def close(self) -> None:
-        if self._tc is not None:
-            with contextlib.suppress(Exception):
-                self._container().remove(force=True, v=True)
-            self._tc = None
+        self.server.close()
 
     def logs(self) -> str:
-        if self._tc is None:
-            return ""
-        out = self._container().logs()
-        return out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+        return self.server.logs()
 
 
 def default_registry_home() -> Path:
