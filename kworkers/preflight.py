@@ -16,8 +16,8 @@ from kworkers.config import WorkerConfig
 from kworkers.errors import ConfigError
 from kworkers.kafka import clients
 from kworkers.kafka.admin import create_topics as create
-from kworkers.kafka.admin import source_shapes
-from kworkers.kafka.errors import KafkaException
+from kworkers.kafka.admin import source_shapes, try_create_topics
+from kworkers.kafka.errors import TopicsRefused
 from kworkers.topic_plan import SourceShape, TopicSpec, plan_topics, specs
 
 log = logging.getLogger("kworkers.worker")
@@ -65,10 +65,10 @@ def prepare_topics(cfg: WorkerConfig) -> list[str]:
     todo = specs(plan_topics(have, sources, cfg.tiers, None,
                              shapes=source_shapes(cfg.client, sources)))
     try:
-        created = create(clients.admin(cfg.client), todo)
-    except KafkaException as exc:
+        created = try_create_topics(cfg.client, todo)
+    except TopicsRefused as exc:
         require_topics(cfg, clients.list_topics(cfg.client),
-                       f" (creating them was refused: {clients.reason(exc)})")
+                       f" (creating them was refused: {exc.reason})")
         return []
     if created:
         log.info("created topics %s", ", ".join(created))

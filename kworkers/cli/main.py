@@ -43,7 +43,7 @@ from kworkers.cli.run import run
 from kworkers.cli.schedule import schedule
 from kworkers.cli.topics import topics
 from kworkers.errors import ConfigError, KworkersError
-from kworkers.kafka.errors import KafkaException
+from kworkers.kafka.errors import client_errors
 from kworkers.workflow.cli import workflow_cli
 
 
@@ -81,8 +81,9 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     """The CLI as a function returning its exit code (``main`` exits with it)."""
     debug = bool(os.environ.get("KWORKERS_DEBUG"))
     try:
-        rv = cli.main(args=list(argv) if argv is not None else None, prog_name="kworkers",
-                      standalone_mode=False)
+        with client_errors():  # a client exception no command turned into one of ours
+            rv = cli.main(args=list(argv) if argv is not None else None, prog_name="kworkers",
+                          standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         # `kworkers` or `kworkers dlq` alone asks what there is: the help, as --help prints it
         click.echo(exc.ctx.get_help() if exc.ctx is not None else cli.get_help(
@@ -99,11 +100,10 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         return _fail(str(exc), 2)
-    except (KworkersError, KafkaException, TimeoutError) as exc:
+    except (KworkersError, TimeoutError) as exc:  # a ClientError reads "KafkaException: ..."
         if debug:
             raise
-        return _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, KafkaException)
-                     else str(exc), 1)
+        return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return 130
     return rv if isinstance(rv, int) else 0

@@ -3,8 +3,9 @@
 The lag is ``kworkers lag``'s own reading (``kworkers.lag_reading.read_lag``: KEDA's rules, the
 retry tier group apart, waiting vs due counted from a bounded read), the replica count is
 ``kworkers.keda.desired_replicas`` on those offsets, the members and their assignments come
-from the admin client's ``describe_consumer_groups``, and the breaker from the workers'
-``/metrics`` (``kworkers.console.breaker``). Nothing here computes a number of its own.
+from the admin client's ``describe_consumer_groups`` (read by ``kworkers.kafka.groups``), and
+the breaker from the workers' ``/metrics`` (``kworkers.console.breaker``). Nothing here
+computes a number of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from kworkers.console.breaker import Endpoint, read_endpoints
 from kworkers.console.settings import ConsoleSettings
 from kworkers.kafka import clients
-from kworkers.kafka.errors import KafkaError, KafkaException
+from kworkers.kafka import groups as kafka_groups
 from kworkers.kafka.offsets import group_topics
 from kworkers.keda import PartitionOffsets, ScaleDecision, ScalerSettings, desired_replicas
 from kworkers.lag import RENDERED_RESET_POLICY, GroupLag
@@ -91,12 +92,6 @@ class GroupView:
     dlqs: list[str]
 
 
-def _name(value: object) -> str:
-    """An enum from the admin API (``ConsumerGroupState.STABLE``) as ``stable``."""
-    name = getattr(value, "name", None)
-    return (name if isinstance(name, str) else str(value)).lower().replace("_", "-")
-
-
 def pair_groups(names: Iterable[str]) -> list[tuple[str, str | None]]:
     """(worker group, its retry group or None), sorted; a retry group whose worker group is
     gone is listed on its own."""
@@ -112,58 +107,38 @@ def pair_groups(names: Iterable[str]) -> list[tuple[str, str | None]]:
 
 def list_groups(s: ConsoleSettings) -> list[GroupListing]:
     """Every worker group on the cluster (only ``s.groups`` when the console was given some)."""
-    admin = clients.admin(s.client)
-    try:
-        res = admin.list_consumer_groups(request_timeout=s.connect_timeout).result(
-            timeout=s.connect_timeout + 5)
-    except KafkaException as exc:
-        raise clients.unreachable(s.client, exc) from None
-    listed = {g.group_id: g for g in res.valid or []}
+    listed = {g.group: g for g in kafka_groups.list_groups(s.client, s.connect_timeout)}
     names = [n for n in listed if not s.groups or n in s.groups
              or n.removesuffix(RETRY_GROUP_SUFFIX) in s.groups]
     out = []
     for g, r in pair_groups(names):
         listing = listed[g]
         retry = listed.get(r) if r else None
-        out.append(GroupListing(g, _name(listing.state), _name(listing.type), r,
-                                None if retry is None else _name(retry.state)))
+        out.append(GroupListing(g, listing.state, listing.kind, r,
+                                None if retry is None else retry.state))
     return out
 
 
 def describe(s: ConsoleSettings, groups: Sequence[str]) -> list[Members]:
     """Each group's members and assignments; a group the broker will not describe (unknown,
     not authorised) says why instead of failing the page."""
-    admin = clients.admin(s.client)
-    try:
-        futures = admin.describe_consumer_groups(list(groups),
-                                                 request_timeout=s.connect_timeout)
-    except KafkaException as exc:
-        raise clients.unreachable(s.client, exc) from None
     out = []
-    for g in groups:
-        try:
-            d = futures[g].result(timeout=s.connect_timeout + 5)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                out.append(Members(g, "dead", "-", "-", "-", []))
-            else:
-                out.append(Members(g, "unknown", "-", "-", "-", [],
-                                   s.client.redact(clients.reason(exc))))
+    for d in kafka_groups.describe_groups(s.client, groups, s.connect_timeout):
+        if d.missing:
+            out.append(Members(d.group, "dead", "-", "-", "-", []))
+            continue
+        if d.problem is not None:
+            out.append(Members(d.group, "unknown", "-", "-", "-", [], d.problem))
             continue
         members = []
-        for m in d.members or []:
-            tps = m.assignment.topic_partitions if m.assignment else []
+        for m in d.members:
             by_topic: dict[str, list[int]] = {}
-            for tp in tps or []:
-                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            for topic, partition in m.assignment:
+                by_topic.setdefault(topic, []).append(partition)
             members.append(Member(m.member_id, m.client_id, m.host, " ".join(
                 f"{t}[{','.join(map(str, sorted(by_topic[t])))}]"
                 for t in sorted(by_topic, key=topic_order)) or "(nothing assigned)"))
-        node = d.coordinator
-        out.append(Members(g, _name(d.state), _name(getattr(d, "type", "unknown")),
-                           d.partition_assignor or "-",
-                           f"{node.host}:{node.port} (id {node.id})" if node else "-",
+        out.append(Members(d.group, d.state, d.kind, d.assignor or "-", d.coordinator or "-",
                            sorted(members, key=lambda m: m.client_id)))
     return out
 

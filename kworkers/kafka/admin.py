@@ -17,11 +17,12 @@ from confluent_kafka.cimpl import NewTopic
 
 from kworkers.kafka.clients import admin as admin_client
 from kworkers.kafka.clients import reason
+from kworkers.kafka.errors import TopicsRefused
 from kworkers.kafka.settings import ClientSettings
 from kworkers.topic_plan import SourceShape, TopicSpec
 
 __all__ = ["TopicSpec", "admin_client", "broker_config", "create_topics", "delete_topics",
-           "existing_topics", "source_shapes"]
+           "existing_topics", "source_shapes", "try_create_topics"]
 log = logging.getLogger("kworkers.topics")
 
 
@@ -94,6 +95,17 @@ def create_topics(
             raise
     _wait_visible(admin, created, timeout)
     return created
+
+
+def try_create_topics(client: ClientSettings | str, specs: Iterable[TopicSpec],
+                      timeout: float = 30.0) -> list[str]:
+    """``create_topics`` with the admin client of ``client``; a create the cluster refuses
+    (ACLs, a create policy) is ``TopicsRefused``, with the client's reason."""
+    admin = admin_client(client)
+    try:
+        return create_topics(admin, specs, timeout)
+    except KafkaException as exc:
+        raise TopicsRefused(reason(exc)) from None
 
 
 def delete_topics(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> None:

@@ -84,10 +84,9 @@ def test_shipped_code_never_imports_test_support() -> None:
 
 # --- the engine is closed, the client lives in one package ----------------------------------
 
-#: the schema-registry client modules of issue #29, still outside ``kworkers/kafka/``
-#: (moved there once that work lands; see docs/ARCHITECTURE.md)
-_REGISTRY_CLIENT = {"kworkers/kafka/envelope_codec.py", "kworkers/payloads/serde.py",
-                    "kworkers/kafka/schema_registry.py"}
+#: the client library's exception types: only ``kworkers/kafka/`` names them (issue #48: what
+#: is above it catches kworkers' own errors, ``kworkers.kafka.errors``)
+_CLIENT_ERRORS = frozenset({"KafkaException", "KafkaError"})
 
 
 def _import_nodes(path: Path) -> list[tuple[str, list[str]]]:
@@ -105,20 +104,34 @@ def _package_of(path: Path, root: Path) -> str:
     return ".".join(("kworkers", *path.relative_to(root).parts[:-1]))
 
 
+def _client_error_uses(path: Path) -> list[str]:
+    """The client's exception types ``path`` imports or names as an attribute
+    (``clients.KafkaException``), whatever module it takes them from."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            out += [a.name for a in node.names if a.name in _CLIENT_ERRORS]
+        elif isinstance(node, ast.Attribute) and node.attr in _CLIENT_ERRORS:
+            out.append(node.attr)
+    return out
+
+
 def _shape_findings(root: Path) -> list[str]:
     """Every import that breaks the engine's rules, as ``path: what``."""
     findings: list[str] = []
     for path in sorted(root.rglob("*.py")):
         rel = str(path.relative_to(root.parent))
         parts = path.relative_to(root).parts
+        client_side = parts[0] in ("kafka", "testing")
+        if not client_side:
+            findings += [f"{rel}: names the client's {name} outside kworkers/kafka/"
+                         for name in _client_error_uses(path)]
         for module, names in _import_nodes(path):
             if parts[0] == "consumer" and (
                     module in ("kworkers.config", "kworkers.worker", "kworkers.wiring")
                     or module.startswith("kworkers.retry_tiers.handoff")):
                 findings.append(f"{rel}: the engine imports {module}")
-            if module.split(".")[0] == "confluent_kafka" and parts[0] not in ("kafka",
-                                                                              "testing") \
-                    and rel not in _REGISTRY_CLIENT:
+            if module.split(".")[0] == "confluent_kafka" and not client_side:
                 findings.append(f"{rel}: imports {module} outside kworkers/kafka/")
             if module.startswith("kworkers."):
                 own = _package_of(path, root)
@@ -135,14 +148,26 @@ def test_the_engine_is_closed_and_the_client_lives_in_one_package() -> None:
 
 
 def test_the_shape_check_can_fail(tmp_path: Path) -> None:
-    """The canary: a copy of the rules' three breaches, each found."""
+    """The canary: a copy of the rules' four breaches, each found (and the client's own
+    package left alone)."""
     pkg = tmp_path / "kworkers"
     (pkg / "consumer").mkdir(parents=True)
     (pkg / "share").mkdir()
     (pkg / "consumer" / "loop.py").write_text(
         "from kworkers.config import WorkerConfig\nfrom confluent_kafka import Consumer\n")
     (pkg / "share" / "x.py").write_text("from kworkers.kafka.consumer import _headers\n")
+    (pkg / "console").mkdir()
+    (pkg / "console" / "page.py").write_text(
+        "from kworkers.kafka import clients\nfrom kworkers.kafka.errors import KafkaError\n"
+        "try:\n    pass\nexcept clients.KafkaException:\n    pass\n")
+    (pkg / "kafka").mkdir()  # the client's own package may name them
+    (pkg / "kafka" / "admin.py").write_text("from confluent_kafka import KafkaException\n")
     found = _shape_findings(pkg)
+    assert "kworkers/console/page.py: names the client's KafkaError outside kworkers/kafka/" \
+        in found, found
+    assert "kworkers/console/page.py: names the client's KafkaException outside " \
+        "kworkers/kafka/" in found, found
+    assert not any(f.startswith("kworkers/kafka/") for f in found), found
     assert any("the engine imports kworkers.config" in f for f in found), found
     assert any("imports confluent_kafka outside" in f for f in found), found
     assert any("private kworkers.kafka.consumer._headers" in f for f in found), found
