@@ -65,8 +65,9 @@ from kworkers.errors import (
 )
 from kworkers.idempotency.attempts import LiveAttempts
 from kworkers.idempotency.store import UNTRACKED, ClaimState, IdempotencyStore, Turn
+from kworkers.kafka.serialization import serialize
 from kworkers.message import Headers, Message
-from kworkers.payloads.serde import Serializer, serialize
+from kworkers.payloads.serde import Serializer
 from kworkers.record_key import KeyedInvoke, RecordKeys, bound
 from kworkers.retry_tiers.headers import CHECKPOINT, REDRIVE_OF, last_value, origin_of
 from kworkers.topic_names import is_tier_topic

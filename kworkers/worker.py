@@ -44,6 +44,7 @@ from kworkers.idempotency.capabilities import is_sql
 from kworkers.idempotency.outbox import Outbox
 from kworkers.idempotency.relay import OutboxRelay
 from kworkers.idempotency.store import IdempotencyStore
+from kworkers.kafka import serialization
 from kworkers.memory import cgroup_limit, over_limit
 from kworkers.message import Message
 from kworkers.metrics import Metrics
@@ -251,7 +252,7 @@ class Worker:
         value_deserializer, key_deserializer, backoff = self._decoding
         failures, waiting = self.metrics.decode_failures, self.metrics.decode_waiting
         decoder = RecordDecoder(
-            value_deserializer, key_deserializer, backoff=backoff,
+            value_deserializer, key_deserializer, context=serialization.context, backoff=backoff,
             on_failure=lambda field, kind: failures.labels(group, field, kind).inc(),
             on_waiting=lambda n: waiting.labels(group).set(n),
             clock=self.clock.monotonic)  # the stall watch's clock: one time for both

@@ -56,8 +56,9 @@ from kworkers.consumer.ports import settle
 from kworkers.errors import ConfigError
 from kworkers.idempotency.capabilities import dialect_of
 from kworkers.idempotency.store import TransactionalStore
+from kworkers.kafka.serialization import serialize
 from kworkers.message import Headers
-from kworkers.payloads.serde import Serializer, check_callable, serialize
+from kworkers.payloads.serde import Serializer, check_callable
 from kworkers.sqlbase import SqlConnection, check_identifier
 
 __all__ = ["Outbox", "OutboxRecord", "RelayObserver", "Send"]

@@ -29,13 +29,15 @@ from typing import Any
 
 from kworkers.errors import ConfigError
 from kworkers.memory import MESSAGE_MAX_BYTES, FetchSizes
+from kworkers.properties import MASK as MASK  # re-exported: the mask of every printed setting
+from kworkers.properties import PROPERTY_KEY as _KEY
+from kworkers.properties import parse_property as parse_property  # re-exported: ``-X``
 
 Prop = str | int | float | bool
 Properties = Mapping[str, Prop]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 SECURITY_PREFIXES = ("security.", "sasl.", "ssl.")
-MASK = "****"
 
 #: Keys kworkers sets per client role: no user setting (shared or per role) may carry them,
 #: because the guarantees rest on them (commit only after durable work, incremental
@@ -53,7 +55,6 @@ def owned_in(props: Mapping[str, object]) -> list[str]:
 #: Parts of a property name that mark its value as a secret.
 _SECRET_MARKERS = ("password", "secret", "ssl.key.pem", "sasl.oauthbearer.config",
                    "sasl.jaas.config")
-_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 #: The librdkafka properties a ``KWORKERS_*`` variable may set (what a ConfigMap and a Secret
 #: carry); every other property comes from a ``--config`` file, ``-X`` or the worker's code.
@@ -337,16 +338,6 @@ def reader_settings(client: ClientSettings | str, group: str = "kworkers-reader"
 
 
 # --- client properties from the outside ------------------------------------------------------
-
-
-def parse_property(text: str, what: str = "-X") -> tuple[str, str]:
-    """``key=value`` (as kcat's ``-X``); the value is never echoed in an error."""
-    key, sep, value = text.partition("=")
-    key = key.strip()
-    if not sep or not _KEY.fullmatch(key):
-        raise ConfigError(f"{what}: expected a librdkafka property as key=value, such as "
-                          "security.protocol=SASL_SSL")
-    return key, value.strip()
 
 
 def parse_properties(text: str, source: str) -> dict[str, str]:

@@ -57,7 +57,7 @@ from kworkers.errors import ConfigError, NonRetryableError
 from kworkers.message import Message
 from kworkers.payloads.bound import bound_client, quiet_request_log
 from kworkers.payloads.failures import PayloadFailure, failure_of
-from kworkers.payloads.serde import Deserializer, Field, check_callable, context
+from kworkers.payloads.serde import ContextOf, Deserializer, Field, check_callable
 from kworkers.retry_tiers.headers import SCHEMA_ID
 from kworkers.topic_names import source_topic_of
 
@@ -110,9 +110,13 @@ ABANDONED = None
 
 
 class RecordDecoder:
-    """Decodes records for one worker's runners (thread-safe; one per worker)."""
+    """Decodes records for one worker's runners (thread-safe; one per worker). ``context``
+    makes what a deserializer is called with (``kworkers.kafka.serialization.context``: the
+    client's ``SerializationContext``), given by the worker so that this package imports no
+    client adapter."""
 
     def __init__(self, value: Deserializer | None = None, key: Deserializer | None = None, *,
+                 context: ContextOf,
                  backoff: DecodeBackoff | None = None,
                  on_failure: Callable[[Field, str], None] | None = None,
                  on_waiting: Callable[[int], None] | None = None,
@@ -125,6 +129,7 @@ class RecordDecoder:
             raise ConfigError("a RecordDecoder needs a value or a key deserializer")
         self.value = value
         self.key = key
+        self._context = context
         self.backoff = backoff or DecodeBackoff()
         for fn in (value, key):
             self._bound(fn)
@@ -250,7 +255,7 @@ class RecordDecoder:
         got: dict[Field, Any] = {}
         for field, fn in self._fields():
             try:
-                out = fn(self._raw(msg, field), context(topic, field, msg.headers))
+                out = fn(self._raw(msg, field), self._context(topic, field, msg.headers))
                 if inspect.isawaitable(out):
                     _close(out)
                     raise ConfigError(f"the {field} deserializer is asynchronous: a sync "
@@ -264,7 +269,7 @@ class RecordDecoder:
         topic = source_topic_of(msg.topic)
         got: dict[Field, Any] = {}
         for field, fn in self._fields():
-            ctx = context(topic, field, msg.headers)
+            ctx = self._context(topic, field, msg.headers)
             raw = self._raw(msg, field)
             try:
                 if _is_async_call(fn):  # cancellable: awaited at most the bound

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kworkers.errors import ConfigError
-from kworkers.kafka.settings import MASK, parse_property
+from kworkers.properties import MASK, parse_property
 
 URL_ENV = "KWORKERS_SCHEMA_REGISTRY_URL"
 USER_INFO_ENV = "KWORKERS_SCHEMA_REGISTRY_USER_INFO"

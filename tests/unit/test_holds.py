@@ -162,6 +162,7 @@ def test_a_record_waiting_for_the_registry_asks_again_and_again() -> None:
     """Between tries after a transient failure the record asks again at least every
     ``backoff.max`` and each try is answered within ``backoff.timeout``: the hold's end moves
     with each ask, and goes when the record decodes."""
+    from kworkers.kafka.serialization import context
     from kworkers.payloads.decode import DecodeBackoff, RecordDecoder
 
     clock = FakeClock(0.0)
@@ -178,8 +179,8 @@ def test_a_record_waiting_for_the_registry_asks_again_and_again() -> None:
         clock.advance(s)
         dues.append(d.asks_due())
 
-    d = RecordDecoder(registry, backoff=DecodeBackoff(0.5, 1.0, timeout=2.0), sleep=sleep,
-                      clock=clock.monotonic)
+    d = RecordDecoder(registry, context=context, backoff=DecodeBackoff(0.5, 1.0, timeout=2.0),
+                      sleep=sleep, clock=clock.monotonic)
     got = d.decode(Message("t", 0, 0, None, b"x"), lambda: False)
     assert isinstance(got, Message) and tries["n"] == 4
     ends = sorted({due[("t", 0)] for due in dues if ("t", 0) in due})

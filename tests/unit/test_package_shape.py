@@ -20,7 +20,8 @@ PURE = ["kworkers.keda", "kworkers.lag", "kworkers.settings", "kworkers.config",
         "kworkers.errors", "kworkers.message", "kworkers.topic_names", "kworkers.topic_plan",
         "kworkers.kafka.settings", "kworkers.retry_tiers", "kworkers.consumer.offsets",
         "kworkers.consumer.commit", "kworkers.dlq", "kworkers.deploy", "kworkers.envelope",
-        "kworkers.payloads", "kworkers.payloads.failures"]
+        "kworkers.payloads", "kworkers.payloads.failures", "kworkers.properties",
+        "kworkers.kafka.serialization"]
 
 
 def _loaded(module: str) -> set[str]:
@@ -131,6 +132,9 @@ def _shape_findings(root: Path) -> list[str]:
                     module in ("kworkers.config", "kworkers.worker", "kworkers.wiring")
                     or module.startswith("kworkers.retry_tiers.handoff")):
                 findings.append(f"{rel}: the engine imports {module}")
+            if parts[0] == "payloads" and module.startswith("kworkers.kafka"):
+                findings.append(f"{rel}: payloads imports {module} (the client's adapters "
+                                "import payloads, never the reverse)")
             if module.split(".")[0] == "confluent_kafka" and not client_side:
                 findings.append(f"{rel}: imports {module} outside kworkers/kafka/")
             if module.startswith("kworkers."):
@@ -148,7 +152,7 @@ def test_the_engine_is_closed_and_the_client_lives_in_one_package() -> None:
 
 
 def test_the_shape_check_can_fail(tmp_path: Path) -> None:
-    """The canary: a copy of the rules' four breaches, each found (and the client's own
+    """The canary: a copy of the rules' five breaches, each found (and the client's own
     package left alone)."""
     pkg = tmp_path / "kworkers"
     (pkg / "consumer").mkdir(parents=True)
@@ -160,6 +164,9 @@ def test_the_shape_check_can_fail(tmp_path: Path) -> None:
     (pkg / "console" / "page.py").write_text(
         "from kworkers.kafka import clients\nfrom kworkers.kafka.errors import KafkaError\n"
         "try:\n    pass\nexcept clients.KafkaException:\n    pass\n")
+    (pkg / "payloads").mkdir()
+    (pkg / "payloads" / "serde.py").write_text(
+        "def context():\n    from kworkers.kafka.serialization import context\n")
     (pkg / "kafka").mkdir()  # the client's own package may name them
     (pkg / "kafka" / "admin.py").write_text("from confluent_kafka import KafkaException\n")
     found = _shape_findings(pkg)
@@ -168,6 +175,8 @@ def test_the_shape_check_can_fail(tmp_path: Path) -> None:
     assert "kworkers/console/page.py: names the client's KafkaException outside " \
         "kworkers/kafka/" in found, found
     assert not any(f.startswith("kworkers/kafka/") for f in found), found
+    assert any(f.startswith("kworkers/payloads/serde.py: payloads imports kworkers.kafka.")
+               for f in found), found
     assert any("the engine imports kworkers.config" in f for f in found), found
     assert any("imports confluent_kafka outside" in f for f in found), found
     assert any("private kworkers.kafka.consumer._headers" in f for f in found), found

@@ -17,6 +17,7 @@ from kworkers import BatchError, ConfigError, Message, RetryableError, Worker
 from kworkers.consumer.ports import Delivered
 from kworkers.consumer.stall import Hold
 from kworkers.envelope import SingleObjectCodec
+from kworkers.kafka.serialization import context
 from kworkers.message import Headers
 from kworkers.payloads.decode import DecodeBackoff, PayloadError, RecordDecoder
 from tests.unit.test_batch_handlers import _final, _run
@@ -213,7 +214,7 @@ def test_a_tier_record_is_decoded_under_its_source_topic() -> None:
         topics.append(ctx.topic)
         return data
 
-    d = RecordDecoder(record)
+    d = RecordDecoder(record, context=context)
     for topic in ("orders", "orders.retry.5s", "orders.retry.1m"):
         got = d.decode(Message(topic, 0, 0, None, b"x"), lambda: False)
         assert isinstance(got, Message) and got.value == b"x" and got.decoded
@@ -227,10 +228,11 @@ def test_a_wait_ends_when_the_partition_halts() -> None:
         halted.set()  # the revoke arrives while the registry is away
         raise TimeoutError("read timed out")
 
-    d = RecordDecoder(down, backoff=DecodeBackoff(0.01, 0.01))
+    d = RecordDecoder(down, context=context, backoff=DecodeBackoff(0.01, 0.01))
     assert d.decode(Message("t", 0, 0, None, b"x"), halted.is_set) is None
     assert d.waiting() == set()
-    condemned = RecordDecoder(lambda _d, _c: (_ for _ in ()).throw(EOFError()))
+    condemned = RecordDecoder(lambda _d, _c: (_ for _ in ()).throw(EOFError()),
+                              context=context)
     got = condemned.decode(Message("t", 0, 0, None, FRAMED), lambda: False)
     assert isinstance(got, PayloadError) and got.failure.schema_id == 7
 

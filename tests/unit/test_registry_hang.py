@@ -34,6 +34,7 @@ from fastavro import parse_schema, schemaless_writer
 
 from kworkers import Message, Worker
 from kworkers.consumer.ports import TP
+from kworkers.kafka.serialization import context
 from kworkers.payloads.decode import DecodeBackoff, RecordDecoder
 from tests.unit.test_batch_handlers import _final, _run
 from tests.unit.test_loop_with_fake_consumer import ScriptedConsumer
@@ -200,8 +201,8 @@ def _unanswered_try_is_a_registry_hold(make: Callable[..., RecordDecoder],
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry.url,
                                                           "max.retries": 0}))
     # a bound the real time of this test never reaches: only the decoder's clock passes it
-    d = make(deserializer, backoff=DecodeBackoff(0.05, 0.1, timeout=60), clock=clock,
-             on_outage=told.append)
+    d = make(deserializer, context=context, backoff=DecodeBackoff(0.05, 0.1, timeout=60),
+             clock=clock, on_outage=told.append)
     halted = threading.Event()
     out: list[object] = []
     t = threading.Thread(target=lambda: out.append(
@@ -235,14 +236,14 @@ def test_a_client_timeout_the_user_chose_is_kept_and_none_gets_the_bound() -> No
     none = AvroDeserializer(SchemaRegistryClient({"url": "http://127.0.0.1:9"}))
     chosen = AvroDeserializer(SchemaRegistryClient({"url": "http://127.0.0.1:9",
                                                     "timeout": 42}))
-    RecordDecoder(none, backoff=DecodeBackoff(timeout=7))
-    RecordDecoder(chosen, backoff=DecodeBackoff(timeout=7))
+    RecordDecoder(none, context=context, backoff=DecodeBackoff(timeout=7))
+    RecordDecoder(chosen, context=context, backoff=DecodeBackoff(timeout=7))
     assert none._registry._rest_client.session.timeout.read == 7
     assert chosen._registry._rest_client.session.timeout.read == 42
 
 
 def test_the_http_clients_request_lines_are_debug(caplog: pytest.LogCaptureFixture) -> None:
-    RecordDecoder(lambda d, c: d)  # installs the filter
+    RecordDecoder(lambda d, c: d, context=context)  # installs the filter
     for name in ("httpx", "httpx2"):
         logger = logging.getLogger(name)
         caplog.clear()
