@@ -125,3 +125,35 @@ def test_a_bad_client_setting_never_prints_a_secret(capsys: pytest.CaptureFixtur
     code, out, err = _run(capsys, "dlq", "list", "--dlq", "x.dlq", "--config", str(props))
     assert code == 2 and "go together" in err  # no user name: refused before any connection
     assert "hunter2-secret" not in out + err
+
+
+@pytest.mark.parametrize("kind", ["KafkaException", "SerializationError"])
+def test_a_client_error_no_command_turned_into_ours_is_one_line_naming_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The CLI's last line (issue #48: it no longer names the client's exceptions itself):
+    ``kworkers: error: <the client's type>: <its text>``, exit 1; with KWORKERS_DEBUG the
+    traceback, the client's exception as the cause."""
+    import click
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.serialization import SerializationError
+
+    from kworkers.cli.main import cli
+    from kworkers.kafka.errors import ClientError
+
+    make = {"KafkaException": KafkaException, "SerializationError": SerializationError}[kind]
+    exc = make(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+    @click.command("fails-in-the-client")
+    def fails() -> None:
+        raise exc
+
+    monkeypatch.setitem(cli.commands, "fails-in-the-client", fails)
+    code, out, err = _run(capsys, "fails-in-the-client")
+    assert code == 1, (out, err)
+    assert err.strip() == f"kworkers: error: {kind}: {' '.join(str(exc).split())}"
+    assert "broker down" in err and "Traceback" not in err
+
+    monkeypatch.setenv("KWORKERS_DEBUG", "1")
+    with pytest.raises(ClientError) as debug:
+        run_cli(["fails-in-the-client"])
+    assert debug.value.__cause__ is exc
