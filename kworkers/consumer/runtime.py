@@ -24,7 +24,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from kworkers.clock import Clock
-from kworkers.consumer.answers import answer, aresolve, resolve
+from kworkers.consumer.answers import aresolve, resolve
 from kworkers.consumer.calls import CallWatch
 from kworkers.consumer.partition import Item, Lane
 from kworkers.consumer.ports import TP
@@ -148,7 +148,7 @@ def _drive_sync(runner: Job, lane: Lane, items: list[Item], inc: int,
             elif type(req) is list:
                 call.msg = req[0]
             else:
-                req = send(resolve(answer(runner, ps, req)))
+                req = send(resolve(runner, ps, req))
                 continue
             call.started = started = now()
             result: BaseException | None = None
@@ -392,7 +392,7 @@ class AsyncRuntime:
                 # a record (or a batch) to run is by far the most frequent request: tested
                 # first, by exact type (as ``_drive_sync`` does), the rest only otherwise
                 if type(req) is not Message and type(req) is not list:
-                    req = steps.send(await aresolve(answer(runner, ps, req)))
+                    req = steps.send(await aresolve(runner, ps, req))
                     continue
                 result: BaseException | None = None
                 calls = self._calls

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from kworkers.consumer.answers import answer, aresolve, resolve
+from kworkers.consumer.answers import aresolve, resolve
 from kworkers.consumer.partition import Partition
 from kworkers.consumer.steps import (
     DecodeRequest,
@@ -76,8 +76,8 @@ def _both(req: object, room: bool = True, ps: Partition | None = None
     for mode in ("sync", "async"):
         job = _Job(room)
         part = ps if ps is not None else Partition("t", 0)
-        got = answer(cast(Job, job), part, req)
-        value = resolve(got) if mode == "sync" else asyncio.run(aresolve(got))
+        value = (resolve(cast(Job, job), part, req) if mode == "sync" else
+                 asyncio.run(aresolve(cast(Job, job), part, req)))
         out.append((value, job.asked))
     return out
 
@@ -105,6 +105,6 @@ def test_a_lease_wait_on_a_halted_partition_says_it_did_not_wait() -> None:
 
 def test_an_unknown_request_is_refused_by_both() -> None:
     with pytest.raises(TypeError, match="a runner asked for"):
-        resolve(answer(cast(Job, _Job()), Partition("t", 0), object()))
+        resolve(cast(Job, _Job()), Partition("t", 0), object())
     with pytest.raises(TypeError, match="a runner asked for"):
-        asyncio.run(aresolve(answer(cast(Job, _Job()), Partition("t", 0), object())))
+        asyncio.run(aresolve(cast(Job, _Job()), Partition("t", 0), object()))
