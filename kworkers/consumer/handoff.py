@@ -224,7 +224,7 @@ class HandOffStep:
         with self._lock:
             self._pending += 1
             self._pending_bytes += pending.size
-            ps.hand_offs_sent(1)
+            ps.handoffs += 1  # inline under the lock: see ``Partition.handoffs``
         self.failures.handed(plan.decision.error_type, plan.topic)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s/%d@%d attempt %d failed (%s: %s) -> %s %s", msg.topic, msg.partition,
@@ -252,7 +252,7 @@ class HandOffStep:
         with self._lock:
             self._pending += len(sends)
             self._pending_bytes += sum(p.size for p in sends)
-            ps.hand_offs_sent(len(sends))
+            ps.handoffs += len(sends)
         for p in sends:
             self._send(p)
         return True
@@ -362,7 +362,7 @@ class HandOffStep:
         with self._lock:
             self._pending -= 1
             self._pending_bytes -= p.size
-            p.ps.hand_off_settled()
+            p.ps.handoffs -= 1
             if self._waiting:
                 self._room.notify()
         if p.blocked:

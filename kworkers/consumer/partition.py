@@ -240,7 +240,11 @@ class Partition:
         #: set while the member is fenced (``consumer.fencing``): runners start no further
         #: record and put what they hold back in the lane; cleared when contact returns
         self.fenced = False
-        #: hand-offs sent and not yet acknowledged (kept by the hand-off step, under its lock)
+        #: hand-offs sent and not yet acknowledged: the one field written outside this class,
+        #: by the hand-off step, inline under its lock. A method call there gave the
+        #: interpreter a point to switch threads while the lock was held: with 8 handler
+        #: threads failing every record, CPU per failed record rose 12 -> 15-23 us
+        #: (``benchmarks handoff_cpu``, 4 alternated rounds, 2026-12-05)
         self.handoffs = 0
         #: when the partition last made progress (assigned, records completed, or work
         #: dispatched while it held none): what the stall detector measures an idle partition
@@ -250,9 +254,9 @@ class Partition:
     def all_lanes(self) -> list[Lane]:
         return list(self.lanes.values())
 
-    # The flags change only here. Each setter is one attribute store (atomic under the GIL):
-    # safe from any thread; ``mark_halted`` from a signal handler too, which ``halt`` is not
-    # (it drops lane queues, the poll thread's).
+    # The flags change only here (``handoffs`` aside, see above). Each setter is one attribute
+    # store (atomic under the GIL): safe from any thread; ``mark_halted`` from a signal handler
+    # too, which ``halt`` is not (it drops lane queues, the poll thread's).
 
     def mark_halted(self) -> None:
         """No further record starts (a graceful stop); the poll thread's drain does the rest."""
@@ -264,14 +268,6 @@ class Partition:
     def progressed(self, now: float) -> None:
         """Progress made at ``now`` (monotonic): the stall detector measures idleness from it."""
         self.progress_at = now
-
-    def hand_offs_sent(self, n: int) -> None:
-        """``n`` hand-offs or outputs sent for this partition (under the hand-off step's lock)."""
-        self.handoffs += n
-
-    def hand_off_settled(self) -> None:
-        """One of them acknowledged or abandoned (under the hand-off step's lock)."""
-        self.handoffs -= 1
 
     def busy(self) -> bool:
         return self.handoffs > 0 or any(lane.running for lane in self.all_lanes())
