@@ -8,11 +8,11 @@ import sys
 
 from benchmarks.common import Mode
 
-BENCHMARKS = ("peers", "eos", "throughput", "slow_io", "rebalance", "retry_timing", "commits",
-              "soak", "storm", "leave", "share", "pace", "handoff_cpu", "schedule", "hot",
-              "floor", "autoscale", "redrive")
+BENCHMARKS = ("peers", "eos", "throughput", "slow_io", "iobound", "rebalance", "retry_timing",
+              "commits", "soak", "storm", "leave", "share", "pace", "handoff_cpu", "schedule",
+              "hot", "floor", "autoscale", "redrive")
 #: the benchmarks whose ``--profile`` runs one kworkers side under py-spy
-PROFILED = ("throughput", "storm", "peers")
+PROFILED = ("throughput", "storm", "peers", "iobound")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--smoke", action="store_true",
                       help="a tiny run (seconds of work), for the smoke test only")
     ap.add_argument("--profile", action="store_true",
-                    help="throughput, storm and peers: profile a kworkers side with py-spy "
-                         "instead (py-spy is not a dependency: .venv/bin/pip install py-spy)")
+                    help="throughput, storm, peers and iobound: profile a kworkers side with "
+                         "py-spy instead (py-spy is not a dependency: "
+                         ".venv/bin/pip install py-spy)")
     args = ap.parse_args(argv)
     mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
     if args.profile and args.name not in PROFILED:

@@ -38,6 +38,8 @@ SIDES: dict[str, str] = {
     "kworkers_inline": "benchmarks.sides_kworkers:inline_noop",
     "kworkers_batch": "benchmarks.sides_kworkers:batch_noop",
     "slow_io": "benchmarks.slow_io:side",
+    "iobound_kworkers": "benchmarks.iobound:kworkers_side",
+    "iobound_asyncio": "benchmarks.iobound:asyncio_side",
     "rebalance": "benchmarks.rebalance:side",
     "storm_raw": "benchmarks.storm:raw_side",
     "storm_handoff": "benchmarks.storm:handoff_side",

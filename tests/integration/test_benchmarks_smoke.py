@@ -34,6 +34,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "throughput": ("ratio", "raw_mps", "kworkers_mps", "read_ahead", "read_ahead_defaults",
                    "short_commits"),
     "slow_io": ("ratio", "violations"),
+    "iobound": ("ratio_1000", "kworkers_1000", "asyncio_1000", "ratio_partition", "violations",
+                "short_commits"),
     "rebalance": ("gap_s_eager", "gap_s_cooperative", "gap_s_consumer",
                   "resume_s_cooperative", "resume_s_consumer"),
     "retry_timing": ("early", "p99_ms", "idle_cpu"),
