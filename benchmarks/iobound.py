@@ -16,6 +16,11 @@ Sides, each in a process of its own (``benchmarks.child``), alternated, the same
   (per partition in partition order) that runs its records in order, and a semaphore of the
   same size bounding the handlers under way. It keeps no offsets while it runs: it commits
   once, after the clock stopped (so the read-back of committed offsets still checks it).
+  It holds every record it has read (nothing bounds it; at full size the whole topic), where
+  kworkers holds at most ``max_in_flight`` (20,000) fetched and not completed. Hence a
+  control in key order (not in smoke mode): **asyncio held**, the same plain side that stops
+  reading while it holds ``max_in_flight`` records: with few records in flight per key, which
+  records are held decides how many keys have one to run.
 
 Both are timed from subscribe to the N-th record handled (the group join inside the window:
 the time to the first record is printed apart, and so is the rate after it). Every record
@@ -41,11 +46,14 @@ from benchmarks.child import Meter, Unavailable
 from benchmarks.common import Mode, console, fast_producer, fmt, kafka, quiet_logs, result, table
 from benchmarks.method import Comparison, Side, Summary, summary_table
 from kworkers import Message, Worker
+from kworkers.config import WorkerConfig
 from kworkers.testing.workload import make_topic, unique
 
 SEED = 20261205
 WAIT_S = 0.1
 KEY_PARTITIONS = 6
+#: kworkers' default ``max_in_flight``: records fetched and not yet completed, per loop
+HELD = WorkerConfig(topics=("t",), group_id="g").max_in_flight
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class Probe:
     last: dict[bytes, int] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
     violations: int = 0
+    handled: int = 0
 
     async def handle(self, value: bytes, partition: int, offset: int) -> None:
         key, _, s = value.partition(b":")
@@ -123,6 +132,7 @@ class Probe:
                 self.violations += 1
             self.offsets[partition] = offset
         await asyncio.sleep(WAIT_S)
+        self.handled += 1
         self.meter.hit()
 
 
@@ -178,13 +188,18 @@ def asyncio_side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
                 queue.popleft()
             del chains[lane]  # no await since the queue was seen empty: nothing was added
 
+        held, taken = int(options.get("held") or 0), 0
         meter.start()
         consumer.subscribe([spec["topic"]])
         while not meter.done.is_set():
+            if held and taken - probe.handled >= held:
+                await asyncio.sleep(0.005)  # as many records held as kworkers may hold
+                continue
             msgs = await loop.run_in_executor(None, consumer.consume, 1000, 0.05)
             for m in msgs:
                 if m.error():
                     continue
+                taken += 1
                 lane = m.key() if by_key else m.partition()
                 queue = chains.get(lane)
                 if queue is not None:
@@ -202,13 +217,19 @@ def asyncio_side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
     return {"violations": probe.violations}
 
 
-def sides_for(cfg: Config, loops: tuple[str, ...]) -> list[Side]:
+def sides_for(cfg: Config, loops: tuple[str, ...], held: bool = False) -> list[Side]:
+    """kworkers and asyncio on each loop; ``held``: and asyncio holding at most as many
+    records as kworkers' ``max_in_flight`` default (a control: the plain side holds all)."""
     out = []
     for loop in loops:
         suffix = "" if loop == "asyncio" else f"+{loop}"
         opts = {"ordering": cfg.ordering, "concurrency": cfg.in_flight, "loop": loop}
         out += [Side("iobound_kworkers", f"kworkers{suffix}", options=opts),
                 Side("iobound_asyncio", f"asyncio{suffix}", options=opts)]
+    if held:
+        out.append(Side("iobound_asyncio", "asyncio held",
+                        options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
+                                 "held": HELD}))
     return out
 
 
@@ -257,7 +278,8 @@ def main(mode: Mode, profile: bool = False) -> None:
             console.print(f"[bold]{cfg.label}[/bold]: handler awaits {WAIT_S * 1000:.0f} ms, "
                           f"ideal {cfg.in_flight / WAIT_S:,.0f} records/s")
             cmp = Comparison(bs, topics[where], cfg.partitions, cfg.n, cpu_bound=False)
-            summaries = cmp.alternate(sides_for(cfg, loops), rounds)
+            held = mode is not Mode.SMOKE and cfg.ordering == "key"
+            summaries = cmp.alternate(sides_for(cfg, loops, held), rounds)
             summary_table(f"iobound: {cfg.label}, {cfg.n:,} records, {rounds} run(s) each, "
                           "alternated, timed from subscribe", summaries.values(), "asyncio")
             kw, plain = summaries["kworkers"], summaries["asyncio"]
@@ -277,11 +299,19 @@ def main(mode: Mode, profile: bool = False) -> None:
                             f"asyncio_uvloop_{cfg.name}": round(plu.mps)}
                 row += [f"{kwu.mps:,.0f} ({kwu.mps / kw.mps:.2f}x)",
                         f"{plu.mps:,.0f} ({plu.mps / plain.mps:.2f}x)"]
+            if held:
+                control = summaries["asyncio held"]
+                figures |= {f"asyncio_held_{cfg.name}": round(control.mps),
+                            f"ratio_held_{cfg.name}": round(kw.mps / control.mps, 3)}
+                row.append(f"{control.mps:,.0f} ({kw.mps / control.mps:.2f}x)")
+            else:
+                row.append("")
             rows.append(row)
     columns = ["configuration", "ideal/s", "kworkers/s", "asyncio/s", "x asyncio",
                "x asyncio after 1st record", "violations"]
     if "uvloop" in loops:
         columns += ["kworkers+uvloop/s (x kworkers)", "asyncio+uvloop/s (x asyncio)"]
+    columns.append(f"asyncio holding <= {HELD:,}/s (kworkers x it)")
     table("iobound (medians; aims: >= 0.8x asyncio at 5,000 in flight, >= 0.95x at 1,000, "
           "0 violations)", columns, rows)
     result("iobound", {**figures, "violations": violations, "short_commits": short,
