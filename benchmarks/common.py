@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kworkers import Worker
+from kworkers.testing.workload import produce_patiently
 
 console = Console(highlight=False, soft_wrap=True)
 T = TypeVar("T")
@@ -98,12 +99,7 @@ def produce_fill(bootstrap: str, topic: str, n: int, partitions: int, value_size
         head = b"%d:" % i
         value = head + pad[: max(0, value_size - len(head))]
         k = key(i) if key is not None else None
-        while True:
-            try:
-                p.produce(topic, value=value, key=k, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_patiently(p, topic, value=value, key=k, partition=i % partitions)
         if i % 20_000 == 0:
             p.poll(0)
     left = p.flush(120)

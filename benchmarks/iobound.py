@@ -47,7 +47,7 @@ from benchmarks.common import Mode, console, fast_producer, fmt, kafka, quiet_lo
 from benchmarks.method import Comparison, Side, Summary, summary_table
 from kworkers import Message, Worker
 from kworkers.config import WorkerConfig
-from kworkers.testing.workload import make_topic, unique
+from kworkers.testing.workload import make_topic, produce_patiently, unique
 
 SEED = 20261205
 WAIT_S = 0.1
@@ -96,13 +96,8 @@ def produce_keyed(bootstrap: str, topic: str, keys: int, n: int, partitions: int
     for i, k in enumerate(order):
         s = seq.get(k, 0)
         seq[k] = s + 1
-        while True:
-            try:
-                p.produce(topic, key=b"k%d" % k, value=b"%d:%d" % (k, s),
+        produce_patiently(p, topic, key=b"k%d" % k, value=b"%d:%d" % (k, s),
                           partition=k % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
         if i % 20_000 == 0:
             p.poll(0)
     if p.flush(60):

@@ -40,7 +40,7 @@ from kworkers.kafka.admin import admin_client, create_topics
 from kworkers.message import Message
 from kworkers.retry_tiers.headers import dead_letter_headers
 from kworkers.retry_tiers.routing import DeadLetterDecision
-from kworkers.testing.workload import unique
+from kworkers.testing.workload import produce_patiently, unique
 from kworkers.topic_names import ledger_topic
 from kworkers.topic_plan import TopicSpec
 
@@ -100,12 +100,7 @@ def make_dlq(bs: str, n: int) -> tuple[str, str]:
         src = Message(source, part, i // PARTITIONS, key, value, (), 1_700_000_000_000)
         headers: list[tuple[str, str | bytes | None]] = list(
             dead_letter_headers(src, "bench", decision, at))
-        while True:
-            try:
-                p.produce(dlq, value=value, key=key, headers=headers, partition=part)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_patiently(p, dlq, value=value, key=key, headers=headers, partition=part)
         if i % 20_000 == 0:
             p.poll(0)
     if p.flush(300):

@@ -6,6 +6,7 @@ import math
 import os
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -49,18 +50,24 @@ def make_topic(bootstrap: str, name: str, partitions: int = 6) -> str:
     return name
 
 
+def produce_patiently(p: Producer, topic: str, **fields: Any) -> None:
+    """One record produced, waiting for room in the client's queue (``BufferError``) instead
+    of failing: a test or a benchmark filling a topic outruns the queue."""
+    while True:
+        try:
+            p.produce(topic, **fields)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
             headers: list[tuple[str, str | bytes | None]] | None = None) -> int:
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
                   "log_level": 3})
     n = 0
     for key, value in records:
-        while True:
-            try:
-                p.produce(topic, key=key, value=value, headers=headers)
-                break
-            except BufferError:
-                p.poll(0.1)
+        produce_patiently(p, topic, key=key, value=value, headers=headers)
         n += 1
         if n % 10_000 == 0:
             p.poll(0)
@@ -89,13 +96,8 @@ def produce_activities(bootstrap: str, topic: str, n: int, prefix: str,
     for i in range(n):
         wf = f"{prefix}-{i}"
         keys.append(f"{wf}/{activity}")
-        while True:
-            try:
-                p.produce(topic, key=wf.encode(), value=str(i).encode(),
+        produce_patiently(p, topic, key=wf.encode(), value=str(i).encode(),
                           headers=list(ids_to_headers(wf, activity)))
-                break
-            except BufferError:
-                p.poll(0.1)
     if p.flush(60):
         raise RuntimeError(f"activities not delivered to {topic}")
     return keys

@@ -33,7 +33,7 @@ from kworkers.testing.broker import free_port
 from kworkers.testing.checker import committed
 from kworkers.testing.ledger import Ledger
 from kworkers.testing.processes import health
-from kworkers.testing.workload import full_size, make_topic, unique
+from kworkers.testing.workload import full_size, make_topic, produce_patiently, unique
 from tests.faults.support import proc_mb
 from tests.integration.conftest import wait_for
 
@@ -50,12 +50,7 @@ def _fill(bs: str, topic: str, n: int) -> None:
     p = Producer({"bootstrap.servers": bs, "linger.ms": 20, "log_level": 3})
     for i in range(n):
         value = (b"%d " % i).ljust(VALUE_BYTES, b"x")
-        while True:
-            try:
-                p.produce(topic, key=b"k%d" % i, value=value, partition=i % PARTS)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_patiently(p, topic, key=b"k%d" % i, value=value, partition=i % PARTS)
     assert p.flush(60) == 0
 
 

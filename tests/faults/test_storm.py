@@ -33,7 +33,13 @@ from kworkers.testing import Broker, processes
 from kworkers.testing.broker import free_port
 from kworkers.testing.checker import CommitSampler, LogRecord, Report, check, read_log, record_key
 from kworkers.testing.ledger import Ledger
-from kworkers.testing.workload import end_offsets_total, full_size, make_topic, unique
+from kworkers.testing.workload import (
+    end_offsets_total,
+    full_size,
+    make_topic,
+    produce_patiently,
+    unique,
+)
 from tests.faults import support
 from tests.integration.conftest import wait_for
 
@@ -79,13 +85,8 @@ def _fill(bs: str, topic: str, n: int) -> None:
     pad = b"x" * VALUE_BYTES
     for i in range(n):
         value = (b"%d " % i + pad)[:VALUE_BYTES]
-        while True:
-            try:
-                p.produce(topic, key=b"k%d" % (i % 64), value=value, partition=i % PARTS,
+        produce_patiently(p, topic, key=b"k%d" % (i % 64), value=value, partition=i % PARTS,
                           headers=list(ids_to_headers(f"s{i}", "a")))
-                break
-            except BufferError:
-                p.poll(0.05)
     assert p.flush(60) == 0
 
 
