@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from queue import SimpleQueue
 
 from kworkers import Worker
@@ -16,8 +15,8 @@ from kworkers.consumer.buffered import BufferedHandOffs
 from kworkers.consumer.handoff import HandOffStep
 from kworkers.consumer.outputs import OutputBuffer
 from kworkers.consumer.partition import PartitionState
-from kworkers.consumer.ports import Completion, Delivered, SendErrorKind
-from kworkers.message import Headers, Message
+from kworkers.consumer.ports import Completion
+from kworkers.message import Message
 from kworkers.metrics import Metrics
 from kworkers.retry_tiers import DLQ, RETRY, Destination
 from kworkers.retry_tiers.headers import dlq_reason_of, failure_of
@@ -25,6 +24,7 @@ from kworkers.retry_tiers.policy import RetryPolicy, no_jitter
 from kworkers.retry_tiers.router import FailureRouter
 from kworkers.retry_tiers.tiers import TierLadder
 from kworkers.supervision import Supervisor
+from tests.unit.test_handoff_step import HeldSender, Refused
 from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer, _idle
 
 
@@ -48,25 +48,6 @@ class Parking:
 def _router(clock: FakeClock) -> FailureRouter:
     return FailureRouter(RetryPolicy(initial=1, max_attempts=3), TierLadder((1.0, 5.0)), "g",
                          no_jitter, clock, routes=[Parking()])
-
-
-class Refused(Exception):
-    def __init__(self, kind: SendErrorKind) -> None:
-        super().__init__(kind)
-        self.kind = kind
-
-
-class HeldSender:
-    """Futures stay pending until the test acknowledges or refuses them."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Headers, Future[None]]] = []
-
-    def send(self, topic: str, key: bytes | None, value: bytes | None,
-             headers: Headers, done: Delivered) -> None:
-        fut: Future[None] = Future()
-        fut.add_done_callback(lambda x: done(x.exception()))
-        self.sent.append((topic, headers, fut))
 
 
 def _step() -> tuple[HandOffStep, HeldSender, SimpleQueue[Completion], Supervisor, FakeClock,
@@ -98,8 +79,8 @@ def test_a_parked_record_goes_through_the_hand_off_step_and_counts_as_a_dead_let
     ps = PartitionState("orders", 0)
     assert step.submit(ps, _msg(0), QuotaExceeded("over quota"))
     assert step.submit(ps, _msg(1), ValueError("down"))
-    assert [t for t, _h, _f in sender.sent] == ["orders.parking", "orders.retry.1s"]
-    for _t, _h, fut in sender.sent:
+    assert [t for t, _f in sender.sent] == ["orders.parking", "orders.retry.1s"]
+    for _t, fut in sender.sent:
         fut.set_result(None)
     assert not done.empty()
     while not done.empty():
@@ -116,10 +97,10 @@ def test_a_parking_topic_refusing_for_good_falls_back_to_the_dlq() -> None:
     step, sender, _done, sup, _clock, metrics = _step()
     ps = PartitionState("orders", 0)
     step.submit(ps, _msg(0), QuotaExceeded("over quota"))
-    sender.sent[0][2].set_exception(Refused("permanent"))
+    sender.sent[0][1].set_exception(Refused("permanent"))
     assert metrics.handoff_failures.labels("g", "parking")._value.get() == 1
     step.tick()
-    assert [t for t, _h, _f in sender.sent] == ["orders.parking", "orders.dlq"]
+    assert [t for t, _f in sender.sent] == ["orders.parking", "orders.dlq"]
     assert sup.fault is None  # only the DLQ itself refusing fails the worker
 
 
