@@ -19,7 +19,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import Any
 
@@ -348,11 +348,6 @@ class AsyncRuntime:
             task = create(drive(*starts.popleft()))
             tasks.add(task)  # the loop keeps only a weak reference to a task
             task.add_done_callback(self._done)
-
-    def submit(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Runs ``coro`` on the loop (from any thread); a crash goes to the supervisor."""
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        fut.add_done_callback(self._crashed)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

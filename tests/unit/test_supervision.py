@@ -60,6 +60,21 @@ def test_a_crashed_runner_stops_the_worker_with_the_reason() -> None:
     assert w.metrics.worker_healthy._value.get() == 0
 
 
+def test_a_crashed_async_runner_stops_the_worker_with_the_reason() -> None:
+    # lanes start on the event loop as tasks (``AsyncRuntime._start_lanes``): a runner's crash
+    # reaches the supervisor through the task's done callback
+    w = _worker(ScriptedConsumer(_msgs(5), []))
+
+    @w.handler
+    async def handle(msg: Message) -> None:
+        if msg.offset == 2:
+            raise Boom("a bug that escapes everything")
+
+    err = _run(w)
+    assert isinstance(err, WorkerFailed) and "a runner raised Boom" in str(err)
+    assert w.fault is not None and w.fault.component == "kworkers-asyncio"
+
+
 def test_a_dead_retry_loop_stops_the_worker_with_the_reason() -> None:
     class Dying(ScriptedConsumer):
         def poll_batch(self, n: int, timeout: float) -> list[Message]:
