@@ -28,6 +28,12 @@ disagree about why a partition waits. Per hold:
 * ``DRAINING`` (a graceful stop or a revoke under way): neither drainable nor held: the
   partition is about to move and its next owner reports it; 0 meanwhile, never counted twice.
 
+A delayed partition (a retry tier, a schedule rung) none of whose records was fetched yet under
+its assignment is *unseen*: 0, whatever its hold. Its records may all wait for due times nobody
+has read yet, and the lag read made at the assignment routinely arrives before the first fetch:
+counted as drainable then, a pool woken from zero by scheduled records asked for more replicas
+at once (seen in CI). The figure is right from the first fetch on, a lag interval later.
+
 Every ``Hold`` must be classified here: ``test_drainable`` fails when a new member is added
 without a decision, and an unclassified hold counts as not drainable (a pool never grows on a
 reason nobody thought about).
@@ -70,14 +76,18 @@ RULE: Mapping[Hold, Drain] = {
 
 
 def drainable(hold: Hold | None, outstanding: int, due_fetched: int = 0, *,
-              pool_rate_limit: bool = False, pool_at_bound: bool = False) -> int:
+              pool_rate_limit: bool = False, pool_at_bound: bool = False,
+              unseen: bool = False) -> int:
     """Records of a partition that more replicas could drain.
 
     ``outstanding``: records from the lowest not yet completed to the log end (not the
     completed ones waiting for the next commit); ``due_fetched``: records fetched, not
     completed and not waiting in a tier's heap (only read for ``NOT_DUE``);
     ``pool_rate_limit``: the worker's rate limit has ``scope="pool"``; ``pool_at_bound``: one
-    bucket for the whole pool and a record of the loop waits for it."""
+    bucket for the whole pool and a record of the loop waits for it; ``unseen``: a delayed
+    partition with nothing fetched yet under its assignment."""
+    if unseen:
+        return 0
     outstanding = max(0, outstanding)
     if pool_at_bound and hold is not Hold.NOT_DUE:
         return 0

@@ -228,7 +228,8 @@ class LagView:
         return drainable(None if view is None else view.hold, outstanding,
                          ps.tracker.in_flight - waiting,
                          pool_rate_limit=facts.pool_rate_limit,
-                         pool_at_bound=facts.pool_at_bound)
+                         pool_at_bound=facts.pool_at_bound,
+                         unseen=facts.waiting is not None and not ps.tracker.fetched_any)
 
     def forget(self, tps: Iterable[TP]) -> None:
         """Revoked or lost: their series go (another member reports them now); under

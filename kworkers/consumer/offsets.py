@@ -165,6 +165,11 @@ class OffsetTracker:
         return self._bytes_in - self._cum[self._cut]
 
     @property
+    def fetched_any(self) -> bool:
+        """Whether any offset was ever tracked (a fresh tracker: nothing fetched yet)."""
+        return self._last >= 0
+
+    @property
     def oldest(self) -> int | None:
         """The lowest offset in flight (tracked, not completed), or None when none is."""
         return self._pending[0] if self._pending else None

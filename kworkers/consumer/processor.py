@@ -209,10 +209,11 @@ class Processor(PollLoop):
         self._supervise()
         self._backpressure()
         now = self.clock.monotonic()
-        if now - self._last_lag >= LAG_INTERVAL_S or self.lag_view.fresh:
-            self._last_lag = now
-            self.lag_view.report(self.parts.values(), self.consumer, self._facts())
-        if now - self._last_views >= VIEWS_INTERVAL_S:
+        # the drainable figure reads each partition's hold: judged now, never the views of up
+        # to VIEWS_INTERVAL_S ago (a tier partition judged before its records reached the heap
+        # would count every one of them as drainable: a scale-out on records not yet due)
+        report = now - self._last_lag >= LAG_INTERVAL_S or self.lag_view.fresh
+        if report or now - self._last_views >= VIEWS_INTERVAL_S:
             self._last_views = now
             decoder, pacer, breaker = self.runner.decoder, self.runner.pacer, self.runner.breaker
             self.stall_views = observe.stall_views(
@@ -224,6 +225,9 @@ class Processor(PollLoop):
                 asked=pacer.asked() if pacer is not None else None, memory=self._over,
                 registry_due=decoder.asks_due() if decoder is not None else None,
                 leases=self.runner.lease_waits())
+        if report:
+            self._last_lag = now
+            self.lag_view.report(self.parts.values(), self.consumer, self._facts())
         self._commits(now)
 
     def _facts(self) -> Facts:

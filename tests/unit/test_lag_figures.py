@@ -15,16 +15,22 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import cast
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from kworkers import TierLadder
 from kworkers.clock import Clock
+from kworkers.consumer.drainable import drainable
 from kworkers.consumer.lag_view import Facts, Figures, LagView
 from kworkers.consumer.partition import PartitionState
 from kworkers.consumer.ports import TP, ConsumerPort
 from kworkers.consumer.stall import Hold, PartitionView
+from kworkers.consumer.tier_gate import TierGate
 from kworkers.message import Message
 
 NAMES = ("kworkers_consumer_lag", "kworkers_consumer_time_lag_seconds",
@@ -50,7 +56,7 @@ class Ends:
         self.ends = ends
 
     def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
-        return 0, self.ends[tp]
+        return 0, self.ends[tp]  # KeyError: nothing cached, as the client says it
 
 
 def _view(clock: FixedClock) -> tuple[LagView, CollectorRegistry]:
@@ -128,6 +134,64 @@ def test_a_tier_partition_drains_only_its_due_records() -> None:
     assert shown["kworkers_consumer_lag"] == {a.tp: 1000.0}
     assert shown["kworkers_consumer_time_lag_seconds"] == {a.tp: 0.0}
     assert shown["kworkers_drainable_lag"] == {a.tp: 0.0}
+
+
+def _unseen_report(monkeypatch: pytest.MonkeyPatch, canary: bool) -> dict[str, dict[TP, float]]:
+    """A tier partition just assigned (50 records behind, none fetched yet: the lag read at
+    the assignment answers before the first fetch) beside a source partition in the same
+    state."""
+    import kworkers.consumer.lag_view as lag_view_module
+
+    class AtAssignment:  # the broker's answer to the read made at the assignment
+        def latest(self, tps: list[TP], timeout: float) -> dict[TP, int]:
+            return dict.fromkeys(tps, 50)
+
+        def committed(self, group: str, tps: list[TP], timeout: float) -> dict[TP, int | None]:
+            return dict.fromkeys(tps, 0)
+
+    clock = FixedClock(10_000.0)
+    view, r = _view(clock)
+    view.source = AtAssignment()
+    tier, source = PartitionState("t.retry.1m", 0), PartitionState("t", 0)
+    view.assigned([tier, source])
+    for _ in range(500):
+        if view.fresh:
+            break
+        time.sleep(0.01)
+    assert view.fresh
+    ends = cast(ConsumerPort, Ends({}))  # nothing fetched: the client caches no log end
+    if canary:  # the rule before: an unseen partition judged by its hold alone
+        monkeypatch.setattr(lag_view_module, "drainable",
+                            lambda *a, unseen=False, **k: drainable(*a, **k))
+    view.report([tier], ends, Facts({tier.tp: _hold(tier.tp, None)}, waiting=lambda ps: 0))
+    view.report([source], ends, Facts({source.tp: _hold(source.tp, None)}))
+    return _shown(r)
+
+
+def test_an_unseen_tier_partition_drains_nothing_until_its_records_are_fetched(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = _unseen_report(monkeypatch, canary=False)
+    tier, source = ("t.retry.1m", 0), ("t", 0)
+    assert shown["kworkers_consumer_lag"] == {tier: 50.0, source: 50.0}
+    # the tier's records may all wait for due times nobody has read: nothing to drain yet;
+    # a source partition's records are due when they arrive: all of them
+    assert shown["kworkers_drainable_lag"] == {tier: 0.0, source: 50.0}
+
+
+def test_canary_an_unseen_tier_partition_judged_by_its_hold_alone_counts_every_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = _unseen_report(monkeypatch, canary=True)
+    assert shown["kworkers_drainable_lag"][("t.retry.1m", 0)] == 50.0
+
+
+def test_once_fetched_the_tier_partition_drains_its_due_records() -> None:
+    clock = FixedClock(10_000.0)
+    view, r = _view(clock)
+    a = PartitionState("t.retry.1m", 0)
+    _fetched(a, 0, 30, 9_000.0, 0.0)  # fetched and due (none waits in the heap): no hold
+    view.report([a], cast(ConsumerPort, Ends({a.tp: 50})),
+                Facts({a.tp: _hold(a.tp, None)}, waiting=lambda ps: 0))
+    assert _shown(r)["kworkers_drainable_lag"] == {a.tp: 50.0}
 
 
 _CHILD = textwrap.dedent('''
@@ -214,3 +278,61 @@ def test_a_tier_partition_shows_its_waiting_and_due_records() -> None:
     assert shown("kworkers_tier_due_records") == {"0": 7.0}
     view.forget([a.tp])
     assert shown("kworkers_tier_waiting_records") == {} == shown("kworkers_tier_due_records")
+
+
+# ------------------------------------------------- on a worker: the hold judged at the report
+
+
+def _tier_reading(monkeypatch: pytest.MonkeyPatch, views_judged: bool) -> list[float]:
+    """A tier loop whose 3 records wait in the heap (due in 30 s), the lag reported at every
+    tick and the stall views left to their own interval (pushed out of reach here, as a slow
+    tick under load stretches the 0.5 s): every drainable reading of the tier partition."""
+    from kworkers.consumer import observe, processor
+    from tests.tier_records import retry_record_headers
+    from tests.unit.test_loop_with_fake_consumer import ScriptedConsumer
+    from tests.unit.test_supervision import _worker
+
+    class Cached(ScriptedConsumer):
+        def watermarks(self, tp: TP, timeout: float) -> tuple[int, int]:
+            return 0, 3
+
+    monkeypatch.setattr(processor, "VIEWS_INTERVAL_S", 1e9)
+    monkeypatch.setattr(processor, "LAG_INTERVAL_S", 0.0)
+    if not views_judged:  # the canary: the report reads views made before any record came
+        monkeypatch.setattr(observe, "stall_views", lambda *a, **k: ())
+    topic = "t.retry.1m"
+    due = retry_record_headers(topic, "g", time.time() + 30)
+    tier = Cached([Message(topic, 0, o, b"k", b"v", due) for o in range(3)], [], "g.retry")
+    w = _worker(ScriptedConsumer([], []), tier, tiers=TierLadder((60.0,)), drain_timeout=1.0)
+    w.handler(lambda msg: None)
+    t = threading.Thread(target=w.run, args=(False,), daemon=True)
+    t.start()
+    readings: list[float] = []
+    try:
+        end = time.monotonic() + 20
+        while len(readings) < 20:
+            assert time.monotonic() < end, "timed out"
+            loops = w.loops
+            gate = cast(TierGate, loops[1].gate) if len(loops) == 2 else None
+            ps = None if gate is None else loops[1].parts.get((topic, 0))
+            if gate is not None and ps is not None and gate.held(cast(PartitionState, ps)) == 3:
+                got = [s.value for m in w.metrics.registry.collect() for s in m.samples
+                       if s.name == "kworkers_drainable_lag" and s.labels["topic"] == topic]
+                readings += got
+            time.sleep(0.01)
+    finally:
+        w.stop()
+        t.join(30)
+    return readings
+
+
+def test_a_tier_partition_judged_at_the_report_drains_none_of_its_waiting_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = _tier_reading(monkeypatch, views_judged=True)
+    assert len(readings) >= 20 and set(readings) == {0.0}, readings
+
+
+def test_canary_views_older_than_the_report_count_the_waiting_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = _tier_reading(monkeypatch, views_judged=False)
+    assert 3.0 in readings, readings
