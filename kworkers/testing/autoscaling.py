@@ -211,6 +211,14 @@ def drive(so: Mapping[str, Any], canaries: Mapping[str, Mapping[str, Any]], bs: 
     return Run(loop, read, shadows, trace, codes)
 
 
+def explain(run: Run) -> str:
+    """What a failed scenario prints: every replica change with the figures that made it, and
+    the drainable series behind each Prometheus reading above 0."""
+    events = [(round(e.at, 2), e.before, e.after, e.by,
+               [(f.name, f.value, f.target) for f in e.figures]) for e in run.loop.events]
+    return f"events {events}; drainable series at readings above 0: {run.read.nonzero}"
+
+
 def committed_and_ends(bs: str, group: str, topic: str) -> tuple[int, int]:
     c = Consumer({"bootstrap.servers": bs, "group.id": group, "log_level": 3})
     try:
