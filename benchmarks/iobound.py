@@ -17,10 +17,13 @@ Sides, each in a process of its own (``benchmarks.child``), alternated, the same
   same size bounding the handlers under way. It keeps no offsets while it runs: it commits
   once, after the clock stopped (so the read-back of committed offsets still checks it).
   It holds every record it has read (nothing bounds it; at full size the whole topic), where
-  kworkers holds at most ``max_in_flight`` (20,000) fetched and not completed. Hence a
-  control in key order (not in smoke mode): **asyncio held**, the same plain side that stops
-  reading while it holds ``max_in_flight`` records: with few records in flight per key, which
-  records are held decides how many keys have one to run.
+  kworkers holds at most ``max_in_flight`` (20,000) fetched and not completed, and a window
+  (from a partition's oldest record not yet done on) of ``backpressure.WINDOW_FACTOR`` shares.
+  Hence two controls in key order (not in smoke mode): **asyncio held**, the same plain side
+  that stops reading while it holds ``max_in_flight`` records: with few records in flight per
+  key, which records are held decides how many keys have one to run; and **kworkers, window 1
+  share**: kworkers with its window bounded at one share, which is the rule before issue #50
+  counted the whole window against the share (what counting records not yet done bought).
 
 Both are timed from subscribe to the N-th record handled (the group join inside the window:
 the time to the first record is printed apart, and so is the rate after it). Every record
@@ -145,6 +148,10 @@ def kworkers_side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
 
     options = spec["options"]
     use_loop(options)
+    if "window_factor" in options:  # the control: the share counted over the whole window
+        from kworkers.consumer import backpressure
+
+        backpressure.WINDOW_FACTOR = int(options["window_factor"])
     probe = Probe(meter, options["ordering"] == "partition")
 
     def register(w: Worker) -> None:
@@ -225,6 +232,9 @@ def sides_for(cfg: Config, loops: tuple[str, ...], held: bool = False) -> list[S
         out.append(Side("iobound_asyncio", "asyncio held",
                         options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
                                  "held": HELD}))
+        out.append(Side("iobound_kworkers", "kworkers, window 1 share",
+                        options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
+                                 "window_factor": 1}))
     return out
 
 
@@ -296,17 +306,22 @@ def main(mode: Mode, profile: bool = False) -> None:
                         f"{plu.mps:,.0f} ({plu.mps / plain.mps:.2f}x)"]
             if held:
                 control = summaries["asyncio held"]
+                one = summaries["kworkers, window 1 share"]
                 figures |= {f"asyncio_held_{cfg.name}": round(control.mps),
-                            f"ratio_held_{cfg.name}": round(kw.mps / control.mps, 3)}
-                row.append(f"{control.mps:,.0f} ({kw.mps / control.mps:.2f}x)")
+                            f"ratio_held_{cfg.name}": round(kw.mps / control.mps, 3),
+                            f"kworkers_window1_{cfg.name}": round(one.mps),
+                            f"ratio_window1_{cfg.name}": round(one.mps / plain.mps, 3)}
+                row += [f"{control.mps:,.0f} ({kw.mps / control.mps:.2f}x)",
+                        f"{one.mps:,.0f} ({one.mps / plain.mps:.2f}x)"]
             else:
-                row.append("")
+                row += ["", ""]
             rows.append(row)
     columns = ["configuration", "ideal/s", "kworkers/s", "asyncio/s", "x asyncio",
                "x asyncio after 1st record", "violations"]
     if "uvloop" in loops:
         columns += ["kworkers+uvloop/s (x kworkers)", "asyncio+uvloop/s (x asyncio)"]
-    columns.append(f"asyncio holding <= {HELD:,}/s (kworkers x it)")
+    columns += [f"asyncio holding <= {HELD:,}/s (kworkers x it)",
+                "kworkers, window 1 share/s (x asyncio)"]
     table("iobound (medians; aims: >= 0.8x asyncio at 5,000 in flight, >= 0.95x at 1,000, "
           "0 violations)", columns, rows)
     result("iobound", {**figures, "violations": violations, "short_commits": short,

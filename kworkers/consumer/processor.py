@@ -180,7 +180,7 @@ class Processor(PollLoop):
             # the least room matters only where the bound leaves less than a batch
             room = 1 if self.limits.bound() - self._held >= batch else backpressure.least_room(
                 self.limits.share(len(parts)),
-                (ps.tracker.window for ps in parts.values() if not ps.paused and not ps.held))
+                (ps.tracker.in_flight for ps in parts.values() if not ps.paused and not ps.held))
             msgs = self.consumer.poll_batch(
                 backpressure.poll_size(self.limits, self._held, batch, room, self._held_bytes,
                                        self._record_bytes, len(parts)),
@@ -418,7 +418,8 @@ class Processor(PollLoop):
         marks = backpressure.Marks.of(self.limits, len(parts))
         if self._over and self.limits.over(sum(ps.held_bytes() for ps in parts.values())):
             return False
-        return any((ps.paused or ps.held) and marks.down(ps.tracker.window, ps.held_bytes())
+        return any((ps.paused or ps.held) and marks.down(ps.tracker.in_flight, ps.held_bytes(),
+                                                         ps.tracker.window)
                    for ps in parts.values())
 
     def _apply_completions(self, block: float = 0.0, settle: float = 0.0) -> int:
@@ -471,8 +472,8 @@ class Processor(PollLoop):
         now = self.clock.monotonic()
         since = self._hold_since
         decision = backpressure.decide(self.limits, backpressure.Load(
-            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.window, ps.paused, ps.held,
-                                              ps.held_bytes())
+            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.in_flight, ps.paused, ps.held,
+                                              ps.held_bytes(), ps.tracker.window)
                    for ps in parts],
             draining=self._draining, breaker_open=self._breaker_was_open,
             fenced=self._fenced,

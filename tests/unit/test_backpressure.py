@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kworkers.consumer.backpressure import (
+    WINDOW_FACTOR,
     Decision,
     Limits,
     Load,
@@ -456,3 +457,20 @@ def test_with_bytes_a_partition_holding_nothing_is_never_left_paused(
         left = {("t", i) for i, (n, b, p) in enumerate(parts) if p and n <= low and b <= blow}
         assert left == set(d.resume)
         assert {("t", i) for i, (n, _b, p) in enumerate(parts) if p and n == 0} <= set(d.resume)
+
+
+def test_a_share_counts_records_not_yet_done_and_the_window_stops_at_its_own_bound() -> None:
+    # issue #50: finished records behind an unfinished one leave the share free; the window
+    # (what a crash runs again) stops at WINDOW_FACTOR shares and resumes a share below it
+    tp = ("t", 0)
+    window = WINDOW_FACTOR * LIMITS.share(1)
+
+    def one(in_flight: int, paused: bool, win: int) -> Decision:
+        return decide(LIMITS, Load([PartitionLoad(tp, in_flight, paused, window=win)]))
+
+    assert one(5, False, window - 1).pause == ()
+    assert one(5, False, window).pause == (tp,)
+    assert one(40, False, 40).pause == (tp,)  # its share of records not yet done
+    assert one(5, True, window - 40 + 1).resume == ()
+    assert one(5, True, window - 40).resume == (tp,)
+    assert one(21, True, 21).resume == ()  # and at half its share of those, as before
