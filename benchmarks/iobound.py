@@ -289,7 +289,11 @@ def main(mode: Mode, profile: bool = False) -> None:
                           "alternated, timed from subscribe", summaries.values(), "asyncio")
             kw, plain = summaries["kworkers"], summaries["asyncio"]
             ratio = kw.mps / plain.mps
-            v = sum(int(r.extra["violations"]) for s in summaries.values() for r in s.runs)
+            by_side = {label: [int(r.extra["violations"]) for r in s.runs]
+                       for label, s in summaries.items()}
+            v = sum(map(sum, by_side.values()))
+            if v:  # which side, which run: a sum alone cannot tell a side's bug from a rerun
+                console.print(f"  [red]violations by side, run by run: {by_side}[/red]")
             violations += v
             short += sum(s.short_commits for s in summaries.values())
             figures |= {f"ratio_{cfg.name}": round(ratio, 3), f"kworkers_{cfg.name}":
