@@ -10,13 +10,19 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kworkers.cli.options import client_options, console, registry_options
 from kworkers.kafka.settings import ClientSettings
 from kworkers.payloads.settings import RegistrySettings
+
+if TYPE_CHECKING:
+    from kworkers.dlq.record import DeadLetter
+
+#: rows a `dlq list` table shows unless --limit says otherwise (a DLQ may hold millions)
+TABLE_ROWS = 1_000
 
 
 @click.group()
@@ -62,44 +68,55 @@ def _filter(error_type: str | None, key: str | None, since: str | None, until: s
 @_filter_options
 @click.option("--pending", is_flag=True, help="Only dead letters no redrive replayed yet.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Show at most N (the count of all that match is still given).")
+              help=f"Show at most N (the count of all that match is still given; a table "
+                   f"shows at most {TABLE_ROWS:,} unless told, --json every one).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line, for scripts.")
 def dlq_list(client: ClientSettings, dlq_topic: str, error_type: str | None, key: str | None,
              since: str | None, until: str | None, min_offset: int | None,
              max_offset: int | None, pending: bool, limit: int | None, as_json: bool) -> int:
     """List the dead letters of a DLQ: origin, key, attempts, error, last failure, age, and
-    whether a redrive replayed it already (from the ledger <dlq>.redriven)."""
+    whether a redrive replayed it already (from the ledger <dlq>.redriven).
+
+    One pass in bounded memory, whatever the DLQ's size (kworkers.dlq.listing): JSON lines are
+    written as they are read; a table keeps the rows it shows."""
     from kworkers.dlq.format import as_json as to_json
     from kworkers.dlq.format import list_table
     from kworkers.dlq.ledger import read_marks
-    from kworkers.dlq.reader import read_dlq
+    from kworkers.dlq.listing import list_dlq
     from kworkers.dlq.redrive_plan import ledger_key
 
     flt = _filter(error_type, key, since, until, min_offset, max_offset)
-    contents = read_dlq(client, dlq_topic)
-    marks = read_marks(client, dlq_topic)
-    matching = [d for d in contents.dead_letters if flt.matches(d)
-                and not (pending and ledger_key(d) in marks)]
-    shown = matching if limit is None else matching[:limit]
     now = time.time()
     if as_json:
-        for d in shown:
+        # only a redriven dead letter's marker is wanted, but which ones come is not known
+        # before the pass: the ledger's markers are read first (one per dead letter replayed)
+        marks = read_marks(client, dlq_topic)
+
+        def emit(d: DeadLetter, _replayed: bool) -> None:
             click.echo(json.dumps(to_json(d, now, marks.get(ledger_key(d)))))
+
+        list_dlq(client, dlq_topic, flt, pending=pending, limit=limit, each=emit)
         return 0
+    rows = TABLE_ROWS if limit is None else limit
+    got = list_dlq(client, dlq_topic, flt, pending=pending, limit=rows)
+    marks = read_marks(client, dlq_topic, {ledger_key(d) for d in got.shown})
     out = console()
-    out.print(list_table(shown, now, f"{dlq_topic} on {client.bootstrap_servers}", marks))
-    redriven = sum(1 for d in matching if ledger_key(d) in marks)
-    total = len(contents.dead_letters)
-    line = f"{len(matching)} dead letters"
-    if len(matching) != total:
-        line += f" match (of {total})"
-    line += f", {redriven} redriven"
-    if len(shown) < len(matching):
-        line += f"; {len(shown)} shown (--limit {limit})"
+    out.print(list_table(got.shown, now, f"{dlq_topic} on {client.bootstrap_servers}", marks))
+    line = f"{got.matching} dead letters"
+    if got.matching != got.total:
+        line += f" match (of {got.total})"
+    line += f", {got.redriven} redriven"
+    if len(got.shown) < got.matching:
+        line += (f"; {len(got.shown)} shown (--limit {limit})" if limit is not None else
+                 f"; the first {len(got.shown):,} shown (--limit N for another count, --json "
+                 "for every one)")
     out.print(line)
-    for msg, why in contents.unreadable:
-        out.print(f"not a kworkers dead letter: {msg.partition}@{msg.offset} ({why}); "
+    for partition, offset, why in got.unreadable_sample:
+        out.print(f"not a kworkers dead letter: {partition}@{offset} ({why}); "
                   f"see `kworkers dlq show`", markup=False)
+    if got.unreadable > len(got.unreadable_sample):
+        out.print(f"... {got.unreadable - len(got.unreadable_sample)} more records that are "
+                  "not kworkers dead letters", markup=False)
     return 0
 
 
@@ -119,6 +136,7 @@ def dlq_show(client: ClientSettings, registry: RegistrySettings | None, dlq_topi
     from kworkers.dlq.format import show_lines
     from kworkers.dlq.ledger import read_marks
     from kworkers.dlq.record import DeadLetter
+    from kworkers.dlq.redrive_plan import ledger_key
     from kworkers.kafka.clients import require_topic
     from kworkers.kafka.reader import read_record
     from kworkers.retry_tiers.headers import HeaderError
@@ -137,7 +155,7 @@ def dlq_show(client: ClientSettings, registry: RegistrySettings | None, dlq_topi
 
         view = describe(registry_client(registry), msg.value, registry)
     out = console()
-    marks = read_marks(client, dlq_topic) if dead is not None else None
+    marks = (read_marks(client, dlq_topic, {ledger_key(dead)}) if dead is not None else None)
     for line in show_lines(msg, dead, problem, time.time(), view, marks):
         out.print(line, markup=False)
     return 0

@@ -12,10 +12,11 @@ replayed).
 from __future__ import annotations
 
 import json
+from collections.abc import Set
 from dataclasses import dataclass
 
 from kworkers.kafka import clients
-from kworkers.kafka.reader import scan
+from kworkers.kafka.reader import stream, watermarks
 from kworkers.kafka.settings import ClientSettings
 from kworkers.message import Message
 from kworkers.topic_names import ledger_topic
@@ -67,11 +68,22 @@ def parse_marker(msg: Message) -> Replayed:
                         problem=f"unreadable marker: {exc}")
 
 
-def read_marks(client: ClientSettings | str, dlq: str) -> dict[str, Replayed]:
-    """Every committed marker of ``dlq``'s ledger by ledger key (the latest wins); empty
-    without a ledger. The ledger is compacted: one marker per dead letter ever replayed."""
+def read_marks(client: ClientSettings | str, dlq: str,
+               keys: Set[str] | None = None) -> dict[str, Replayed]:
+    """The committed markers of ``dlq``'s ledger by ledger key (the latest wins), only those of
+    ``keys`` when given (what a listing shows: memory in proportion to it, not to the ledger);
+    empty without a ledger. The ledger is compacted: one marker per dead letter ever
+    replayed. Read chunk by chunk (``reader.stream``: each partition in offset order)."""
     name = ledger_topic(dlq)
-    if name not in clients.list_topics(client):
+    if name not in clients.list_topics(client) or (keys is not None and not keys):
         return {}
-    marks = (parse_marker(m) for m in scan(client, name).messages)
-    return {r.key: r for r in sorted(marks, key=lambda r: r.ledger_offset)}
+    out: dict[str, Replayed] = {}
+    for chunk in stream(client, name, watermarks(client, name)):
+        for m in chunk:
+            if keys is not None and (m.key or b"").decode("utf-8", "replace") not in keys:
+                continue
+            r = parse_marker(m)
+            held = out.get(r.key)
+            if held is None or held.ledger_offset < r.ledger_offset:
+                out[r.key] = r
+    return out

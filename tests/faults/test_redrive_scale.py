@@ -10,7 +10,9 @@ the rerun replays what the killed run had committed, and the check fails.
 
 Memory bounded whatever the DLQ's size: the peak of Python's traced memory (``tracemalloc``)
 while redriving 20,000 dead letters stays within 2x that of redriving 2,000 (a pass holds a
-chunk, a batch and a sample, ``kworkers.dlq.sweep``). Canary: the reader from before the
+chunk, a batch and a sample, ``kworkers.dlq.sweep``), and so does ``kworkers dlq list``'s
+(``kworkers.dlq.listing``: the table's rows and their ledger markers; canary: the listing
+before, the whole DLQ and ledger read first). Canary: the reader from before the
 change, which loads the whole DLQ (``read_dlq``) before deciding, fails it (its peak grows with
 the DLQ: ~10x). librdkafka's own buffers are not traced; their bound is its configuration
 (``reader.STREAM_READ_AHEAD_KB``), and the benchmark reports the process's RSS.
@@ -96,3 +98,45 @@ def test_memory_does_not_grow_with_the_dlq(kafka_broker: Broker,
     print(f"canary (load everything): peak {c1 / 1e6:.2f} MB for {SMALL:,}, "
           f"{c10 / 1e6:.2f} MB for {LARGE:,} ({c10 / c1:.2f}x)")
     assert c10 > FACTOR * c1
+
+    # `kworkers dlq list` (its table: the first TABLE_ROWS rows and their ledger markers) on
+    # the same DLQs, every dead letter in them redriven now: one pass as well
+    _list_peak(bs, warm, old=False)
+    (l1, n1), (l10, n10) = _list_peak(bs, small, old=False), _list_peak(bs, large, old=False)
+    print(f"dlq list: peak {l1 / 1e6:.2f} MB for {SMALL:,}, {l10 / 1e6:.2f} MB for {LARGE:,} "
+          f"({l10 / l1:.2f}x)")
+    assert (n1, n10) == ((SMALL, SMALL), (LARGE, LARGE))  # every one counted, and redriven
+    assert l10 <= FACTOR * l1
+    # canary: the listing before, the whole DLQ and the whole ledger in memory
+    (o1, _), (o10, _) = _list_peak(bs, small, old=True), _list_peak(bs, large, old=True)
+    print(f"canary (the listing before): peak {o1 / 1e6:.2f} MB for {SMALL:,}, "
+          f"{o10 / 1e6:.2f} MB for {LARGE:,} ({o10 / o1:.2f}x)")
+    assert o10 > FACTOR * o1
+
+
+def _list_peak(bs: str, dlq: str, old: bool) -> tuple[int, tuple[int, int]]:
+    """Python's traced peak while ``dlq`` is listed as ``kworkers dlq list`` lists it in a
+    table, and (dead letters counted, of them redriven)."""
+    from kworkers.cli.dlq import TABLE_ROWS
+    from kworkers.dlq.ledger import read_marks
+    from kworkers.dlq.listing import list_dlq
+    from kworkers.dlq.redrive_plan import RedriveFilter, ledger_key
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        if old:
+            contents = read_dlq(bs, dlq)
+            marks = read_marks(bs, dlq)
+            shown = contents.dead_letters[:TABLE_ROWS]
+            counts = (len(contents.dead_letters),
+                      sum(1 for d in contents.dead_letters if ledger_key(d) in marks))
+        else:
+            got = list_dlq(bs, dlq, RedriveFilter(), limit=TABLE_ROWS)
+            marks = read_marks(bs, dlq, {ledger_key(d) for d in got.shown})
+            shown, counts = got.shown, (got.matching, got.redriven)
+            assert len(marks) == len(shown)  # the shown rows' markers only
+        assert len(shown) == min(TABLE_ROWS, counts[0])
+        return tracemalloc.get_traced_memory()[1], counts
+    finally:
+        tracemalloc.stop()
