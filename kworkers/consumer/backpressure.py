@@ -37,7 +37,10 @@ record on is what a crash makes the next owner run again, so that window has a b
 ``WINDOW_FACTOR`` shares (the byte share below counts the whole window too): a partition stops
 at either; it resumes at half its share of records not yet done, and once its window is a share
 below its bound (half the window's bound would keep a partition stopped for its records not yet
-done paused until its head record finished, however little its window held).
+done paused until its head record finished, however little its window held). While one of a
+partition's hand-offs waits for its acknowledgement, the poll loop counts its whole window
+against the share again (``processor._counted``): a failure that cannot be placed yet (its tier
+or DLQ down) is no I/O worth overlapping.
 
 Why a hold before a pause: librdkafka empties a paused partition's read-ahead, and after the
 resume its records come back only with the next fetch response, which a fetch long-polling

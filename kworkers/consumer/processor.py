@@ -180,7 +180,7 @@ class Processor(PollLoop):
             # the least room matters only where the bound leaves less than a batch
             room = 1 if self.limits.bound() - self._held >= batch else backpressure.least_room(
                 self.limits.share(len(parts)),
-                (ps.tracker.in_flight for ps in parts.values() if not ps.paused and not ps.held))
+                (_counted(ps) for ps in parts.values() if not ps.paused and not ps.held))
             msgs = self.consumer.poll_batch(
                 backpressure.poll_size(self.limits, self._held, batch, room, self._held_bytes,
                                        self._record_bytes, len(parts)),
@@ -418,7 +418,7 @@ class Processor(PollLoop):
         marks = backpressure.Marks.of(self.limits, len(parts))
         if self._over and self.limits.over(sum(ps.held_bytes() for ps in parts.values())):
             return False
-        return any((ps.paused or ps.held) and marks.down(ps.tracker.in_flight, ps.held_bytes(),
+        return any((ps.paused or ps.held) and marks.down(_counted(ps), ps.held_bytes(),
                                                          ps.tracker.window)
                    for ps in parts.values())
 
@@ -472,7 +472,7 @@ class Processor(PollLoop):
         now = self.clock.monotonic()
         since = self._hold_since
         decision = backpressure.decide(self.limits, backpressure.Load(
-            parts=[backpressure.PartitionLoad(ps.tp, ps.tracker.in_flight, ps.paused, ps.held,
+            parts=[backpressure.PartitionLoad(ps.tp, _counted(ps), ps.paused, ps.held,
                                               ps.held_bytes(), ps.tracker.window)
                    for ps in parts],
             draining=self._draining, breaker_open=self._breaker_was_open,
@@ -575,3 +575,14 @@ class Processor(PollLoop):
         if self.gate is not None and targets:
             self.gate.forget(targets)
             self.gate.resize(len(self.parts))
+
+
+def _counted(ps: PartitionState) -> int:
+    """What a partition's share counts (``backpressure``): its records not yet done; while one
+    of its hand-offs waits for an acknowledgement, its whole window, as before issue #50. A
+    failure the worker cannot place yet (an outage of the tier or DLQ topics holds it) is no
+    I/O to overlap: running records past it only grows what waits behind it and what a crash
+    runs again, so the partition stops at a share as it did (``tests/faults/
+    test_handoff_faults.py``, ``test_broker_pause.py::test_dlq_outage_...``)."""
+    tr = ps.tracker
+    return tr.window if ps.handoffs else tr.in_flight

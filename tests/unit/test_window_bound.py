@@ -12,17 +12,25 @@ Judged from the consumer's side (how far it handed the partition out) and the ha
 records ran), in the state the loop must settle in while one record never finishes: the
 partition paused, every other record handed out done. Canaries: the window bounded at one share
 (the rule before) stops at a share and a poll; the window unbounded hands out the whole log.
+
+A failure that cannot be placed (its dead letter never acknowledged: the DLQ down) still stops
+its partition at a share of its window, as before: there is no I/O to overlap past it. Canary:
+counting records not yet done alone runs the partition to the window's bound.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import cast
 
 import pytest
 
-from kworkers.consumer import backpressure
-from kworkers.message import Message
+from kworkers import NonRetryableError, Worker
+from kworkers.consumer import backpressure, processor
+from kworkers.consumer.ports import ConsumerPort, Delivered
+from kworkers.message import Headers, Message
 from tests.unit.test_liveness import TP, StickyConsumer, _run, _wait
+from tests.unit.test_loop_with_fake_consumer import _idle
 
 SHARE = 100
 TOTAL = 3_000
@@ -85,3 +93,61 @@ def test_canary_the_window_unbounded_hands_out_the_whole_log(
         monkeypatch: pytest.MonkeyPatch) -> None:
     handed, _ = _stuck_head(monkeypatch, 10**6)
     assert handed == TOTAL
+
+
+# ------------------------------------------- a hand-off waiting for its acknowledgement
+
+
+class _Unanswered:
+    """A sender whose broker never acknowledges (a DLQ outage): every hand-off stays pending."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers,
+             done: Delivered) -> None:
+        self.sent.append(topic)
+
+
+def _stuck_hand_off(monkeypatch: pytest.MonkeyPatch, window_counted: bool) -> int:
+    """Record 0 fails for good and its dead letter is never acknowledged; the rest of 200 keys
+    finish at once: how far the partition was handed out once the loop settled."""
+    if not window_counted:  # the canary: records not yet done counted whatever waits
+        monkeypatch.setattr(processor, "_counted", lambda ps: ps.tracker.in_flight)
+    records = [Message("t", 0, o, b"k%d" % (o % 200), b"v") for o in range(TOTAL)]
+    consumer = StickyConsumer({TPART: records})
+    sender = _Unanswered()
+    ran: list[int] = []
+
+    def handle(msg: Message) -> None:
+        if msg.offset == 0:
+            raise NonRetryableError("Poison", "always bad")
+        ran.append(msg.offset)
+
+    port = cast(ConsumerPort, consumer)
+    w = Worker(topics=["t"], group_id="g", sender=sender, ordering="key", concurrency=8,
+               max_in_flight=SHARE, max_in_flight_per_partition=SHARE, drain_timeout=1.0,
+               consumer=lambda g: port if g == "g" else _idle(g))
+    w.handler(handle)
+    t = threading.Thread(target=w.run, args=(False,), daemon=True)
+    t.start()
+    try:
+        _wait(lambda: bool(sender.sent) and len(ran) == consumer.next[TPART] - 1 > 0
+              and (TPART in consumer.paused or consumer.next[TPART] == TOTAL),
+              "the loop settled", 60)
+        return consumer.next[TPART]
+    finally:
+        w.stop()
+        t.join(30)
+
+
+def test_a_hand_off_waiting_for_its_acknowledgement_stops_the_partition_at_a_share(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    handed = _stuck_hand_off(monkeypatch, window_counted=True)
+    assert handed <= 2 * SHARE, handed
+
+
+def test_canary_records_not_yet_done_alone_run_far_past_an_unplaced_failure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    handed = _stuck_hand_off(monkeypatch, window_counted=False)
+    assert handed >= (backpressure.WINDOW_FACTOR - 1) * SHARE, handed
