@@ -89,10 +89,11 @@ def dlq_list(client: ClientSettings, dlq_topic: str, error_type: str | None, key
     now = time.time()
     if as_json:
         # only a redriven dead letter's marker is wanted, but which ones come is not known
-        # before the pass: the ledger's markers are read first (one per dead letter replayed)
-        marks = read_marks(client, dlq_topic)
+        # before the pass: the ledger's markers are read first (one per dead letter replayed),
+        # unless only pending ones are listed (none of them has one)
+        marks = {} if pending else read_marks(client, dlq_topic)
 
-        def emit(d: DeadLetter, _replayed: bool) -> None:
+        def emit(d: DeadLetter) -> None:
             click.echo(json.dumps(to_json(d, now, marks.get(ledger_key(d)))))
 
         list_dlq(client, dlq_topic, flt, pending=pending, limit=limit, each=emit)
@@ -155,7 +156,7 @@ def dlq_show(client: ClientSettings, registry: RegistrySettings | None, dlq_topi
 
         view = describe(registry_client(registry), msg.value, registry)
     out = console()
-    marks = (read_marks(client, dlq_topic, {ledger_key(dead)}) if dead is not None else None)
+    marks = read_marks(client, dlq_topic, {ledger_key(dead)}) if dead is not None else None
     for line in show_lines(msg, dead, problem, time.time(), view, marks):
         out.print(line, markup=False)
     return 0

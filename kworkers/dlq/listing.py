@@ -49,11 +49,11 @@ class Listing:
 
 def list_dlq(client: ClientSettings | str, dlq: str, flt: RedriveFilter, *,
              pending: bool = False, limit: int | None = None,
-             each: Callable[[DeadLetter, bool], None] | None = None) -> Listing:
+             each: Callable[[DeadLetter], None] | None = None) -> Listing:
     """One pass over ``dlq`` (``ConfigError`` when it is not named as a DLQ, ``TopicNotFound``
     when there is none): the dead letters ``flt`` selects (and not redriven yet, with
     ``pending``) counted, the first ``limit`` (all when None) kept in ``shown``, or handed to
-    ``each`` with whether they were redriven instead of kept."""
+    ``each`` instead of kept."""
     check_dlq(dlq)
     require_topic(client, dlq, hint="is the DLQ name <topic>.dlq?")
     spans = watermarks(client, dlq)
@@ -76,7 +76,7 @@ def list_dlq(client: ClientSettings | str, dlq: str, flt: RedriveFilter, *,
             if limit is not None and out.matching > limit:
                 continue
             if each is not None:
-                each(item, replayed)
+                each(item)
             else:
                 out.shown.append(item)
     return out
