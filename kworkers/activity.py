@@ -417,7 +417,7 @@ class ActivityInvoker:
             return
         sink = current_sink.get()
         if sink is not None and sink.outputs:  # done only once its outputs are durable
-            sink.after.append(partial(self._complete, str(ctx.key), ctx.token))
+            sink.then(partial(self._complete, str(ctx.key), ctx.token))
         else:
             self._complete(str(ctx.key), ctx.token)
 
@@ -525,7 +525,7 @@ class ActivityInvoker:
                     done.append((key, token))
             sink = current_sink.get()
             if sink is not None and sink.outputs:  # done only once the outputs are durable
-                sink.after.append(partial(self._complete_many, done))
+                sink.then(partial(self._complete_many, done))
             else:
                 self._complete_many(done)
         if failed:

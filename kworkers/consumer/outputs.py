@@ -45,8 +45,12 @@ class Sink:
     __slots__ = ("_offsets", "after", "batch", "checkpoint", "outputs")
 
     def __init__(self) -> None:
-        self.outputs: list[Output] = []
-        self.after: list[Callable[[], None]] = []
+        # None until the call produces: most calls produce nothing, and a sink lives as long
+        # as its runner's pass, so two empty lists per pass were two more objects alive per
+        # record for the cyclic collector to walk (issue #50: at 5,000 async handlers in
+        # flight its full passes stalled the event loop)
+        self.outputs: list[Output] | None = None
+        self.after: list[Callable[[], None]] | None = None
         self.batch: Sequence[Message] | None = None
         self._offsets: set[int] | None = None
         #: the last heartbeat of a call of this pass: (the record the handler saw, details);
@@ -73,12 +77,23 @@ class Sink:
                     rec.offset not in self._offsets:
                 raise ValueError(f"record= names {rec.topic}/{rec.partition}@{rec.offset}, "
                                  "which is not a record of this batch")
-        self.outputs.append(out)
+        if self.outputs is None:
+            self.outputs = [out]
+        else:
+            self.outputs.append(out)
+
+    def then(self, hook: Callable[[], None]) -> None:
+        """Runs ``hook`` once this call's outputs are durable (the idempotency store's
+        completion of the record's key)."""
+        if self.after is None:
+            self.after = [hook]
+        else:
+            self.after.append(hook)
 
     def reset(self) -> None:
-        """Fresh lists: what was taken from this sink keeps the old ones."""
-        self.outputs = []
-        self.after = []
+        """Empty again: what was taken from this sink keeps the old lists."""
+        self.outputs = None
+        self.after = None
 
 
 #: the sink of the handler call under way (set by the runner around each call)
@@ -90,7 +105,7 @@ Emitted = tuple[Message, list[Output]]
 
 
 def of_record(msg: Message, sink: Sink) -> list[Emitted]:
-    return [(msg, sink.outputs)]
+    return [(msg, sink.outputs or [])]
 
 
 def of_batch(records: Sequence[Message], shown: Sequence[Message],
@@ -104,7 +119,7 @@ def of_batch(records: Sequence[Message], shown: Sequence[Message],
     ok = [m for m in records if m not in failed]
     per: dict[int, list[Output]] = {}
     last = ok[-1].offset if ok else None
-    for out in sink.outputs:
+    for out in sink.outputs or ():
         if out.record is None:
             owner = last
         else:

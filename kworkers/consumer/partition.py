@@ -58,7 +58,9 @@ class Lane:
         # What the deadline watchdog reads (kept only while deadlines are on):
         self._current: Message | None = None
         self._started = 0.0
-        self._batch: list[Item] = []
+        #: None until a deadline's ``begin`` (a list per lane alive as long as its key has
+        #: records in flight, for nothing, is one more object for the collector: issue #50)
+        self._batch: list[Item] | None = None
         self._pos = 0
         #: the records of the batch a batch handler runs now (None: single records)
         self._chunk: list[Message] | None = None
@@ -140,9 +142,9 @@ class Lane:
             if self._current is not cur or not self._running:
                 return None
             self._incarnation += 1
-            rest = self._batch[self._pos + 1:] + self._queue
+            rest = (self._batch or [])[self._pos + 1:] + self._queue
             timed_out: Message | list[Message] = self._chunk or cur
-            self._queue, self._batch, self._current, self._chunk = [], [], None, None
+            self._queue, self._batch, self._current, self._chunk = [], None, None, None
             return rest, self._incarnation, timed_out
 
     def expire(self) -> None:

@@ -222,7 +222,6 @@ class Runner:
         watched = self.watched
         breaker = self.breaker
         now = self.clock.monotonic
-        contended = self.runtime.contended
         decoding = self.decoder is not None
         pacer = self.pacer
         fixed = pacer.fixed if pacer is not None else None
@@ -238,7 +237,10 @@ class Runner:
             stopped = False
             rest: list[Item] | None = None
             t_pass = now()
-            for i, item in enumerate(batch):
+            # by index, not ``enumerate``: its iterator and the list's are two more objects
+            # alive per pass (the collector's walk, issue #50); nothing else writes ``batch``
+            for i in range(len(batch)):
+                item = batch[i]
                 if ps.halted or ps.fenced:
                     if ps.halted:
                         stopped = True
@@ -295,7 +297,7 @@ class Runner:
                                 break
                         if sink.outputs:
                             if err is None and not (watched and lane.incarnation != inc):
-                                emit = EmitRequest(of_record(msg, sink), sink.after)
+                                emit = EmitRequest(of_record(msg, sink), sink.after or [])
                                 sink.reset()
                                 if not (yield emit):
                                     stopped = True
@@ -329,7 +331,8 @@ class Runner:
                 # lane queued, up to a partition's share: issue #45's bound counts a record
                 # until it completes); only what follows ``i`` is read from here on
                 batch[i] = _SPENT
-                if now() - t_pass >= QUANTUM_S and i + 1 < len(batch) and contended():
+                if now() - t_pass >= QUANTUM_S and i + 1 < len(batch) and \
+                        self.runtime.contended():
                     rest = batch[i + 1:]  # others wait for a thread: give this one up
                     break
             if watched and lane.incarnation != inc:
@@ -432,7 +435,7 @@ class Runner:
                 emit: EmitRequest | None = None
                 if sink.outputs:
                     if err is None or isinstance(err, BatchError):
-                        emit = EmitRequest(of_batch(records, shown, failed, sink), sink.after)
+                        emit = EmitRequest(of_batch(records, shown, failed, sink), sink.after or [])
                     sink.reset()
                 emitting = {m.offset for m, _ in emit.emitted} if emit is not None else ()
                 #: records whose key another attempt holds: not run, run again after a wait

@@ -322,6 +322,9 @@ class AsyncRuntime:
         self._woken = False
         #: the runners' tasks under way (held here: the loop's reference is weak)
         self._tasks: set[asyncio.Task[None]] = set()
+        #: one bound method for every task's done callback, not one made per task (an object
+        #: alive per record for the cyclic collector to walk: issue #50)
+        self._on_done = self._done
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -344,10 +347,11 @@ class AsyncRuntime:
     def _start_lanes(self) -> None:
         self._woken = False
         starts, tasks, create, drive = self._starts, self._tasks, self.loop.create_task, self._drive
+        on_done = self._on_done
         while starts:
             task = create(drive(*starts.popleft()))
             tasks.add(task)  # the loop keeps only a weak reference to a task
-            task.add_done_callback(self._done)
+            task.add_done_callback(on_done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
