@@ -1,0 +1,118 @@
+"""Objects a record in flight keeps alive on the async path: the cyclic collector's load.
+
+Why count them (issue #50): with 5,000 async handlers awaiting 100 ms, every record's objects
+live long enough to be carried into the collector's old generation, and CPython's full passes
+walk all of them while the event loop waits: `benchmarks iobound` measured 13 full passes of
+~110 ms in a 7 s run, the handlers' 100 ms sleeps ending after ~190 ms on average, and the
+same run with the collector off at the ideal. So every object a runner's pass keeps alive per
+record is paid for in the event loop's latency, and one added back by a later change would not
+show in any functional test. This test counts them: records with keys of their own (a lane and a
+pass each) parked in an async handler, the process's tracked objects counted at two levels in
+flight, the slope between them is what one more record costs. The canary puts back what the
+change removed (a sink's two lists made for every pass) and must be seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kworkers import Message, Worker
+from kworkers.consumer import outputs
+from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer
+
+#: tracked objects one more record in flight keeps alive besides the record itself (measured
+#: 2026-12-05 on CPython 3.11: 30 before issue #50's pass, 22 after it: its lane (the lane, a
+#: lock, a list), its task (the task, two contexts, a weak reference, the wake-up), three
+#: coroutines (the runner's drive, the handler, its wait) and the wait's future, the runner's
+#: pass (its generator, progress and its list, the sink, the batch list, the context
+#: variables' map), two tuples (the call's activity context, the stall watch's entry)); a
+#: change that makes another object per record fails here. A Python upgrade may move it:
+#: measure again (the failure prints the slope) and say why in the commit.
+PER_RECORD = 22
+LOW, HIGH = 200, 600
+
+
+def _eager_sink(self: outputs.Sink) -> None:
+    """The canary: the sink as before issue #50, its lists made for every pass."""
+    self.outputs = []
+    self.after = []
+    self.batch = None
+    self._offsets = None
+    self.checkpoint = None
+
+
+def _wait(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def _slope() -> float:
+    """Tracked objects per record in flight, between LOW and HIGH records parked."""
+    records = [Message("t", k % 2, k // 2, b"key-%d" % k, b"v") for k in range(HIGH)]
+    consumer = ScriptedConsumer(records[:LOW], [])
+    started: list[int] = []
+    loop_of: list[asyncio.AbstractEventLoop] = []
+    gate = asyncio.Event()
+
+    async def handle(msg: Message) -> None:
+        if not loop_of:
+            loop_of.append(asyncio.get_running_loop())
+        started.append(msg.offset)
+        await gate.wait()
+
+    w = Worker(topics=["t"], group_id="g", concurrency=HIGH, ordering="key",
+               sender=RecordingSender(),
+               consumer=lambda group: consumer if group == "g" else _idle(group))
+    w.handler(handle)
+    thread = threading.Thread(target=w.run, args=(False,), daemon=True)
+    thread.start()
+    try:
+        consumer.go.set()
+        _wait(lambda: len(started) == LOW, f"{LOW} handlers parked")
+        time.sleep(0.2)  # the poll loop's own bookkeeping of them settles
+        gc.collect()
+        low = len(gc.get_objects())
+        with consumer.lock:
+            consumer.records += records[LOW:]
+        _wait(lambda: len(started) == HIGH, f"{HIGH} handlers parked")
+        time.sleep(0.2)
+        gc.collect()
+        high = len(gc.get_objects())
+    finally:
+        if loop_of:
+            loop_of[0].call_soon_threadsafe(gate.set)
+        w.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert len(started) == HIGH  # each parked once: none ran twice, none was missed
+    return (high - low) / (HIGH - LOW)
+
+
+def _idle(group: str) -> ScriptedConsumer:
+    c = ScriptedConsumer([], [], group)
+    c.go.set()
+    return c
+
+
+def test_a_record_in_flight_keeps_few_objects_alive() -> None:
+    slope = _slope()
+    assert slope > 5, f"{slope:.2f} objects per record: the count saw nothing in flight"
+    assert slope <= PER_RECORD + 0.5, (
+        f"{slope:.2f} tracked objects alive per async record in flight, the bound is "
+        f"{PER_RECORD}: each one more is walked by every full pass of the collector")
+
+
+def test_canary_a_sink_with_its_lists_made_per_pass_is_seen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outputs.Sink, "__init__", _eager_sink)
+    slope = _slope()
+    assert slope > PER_RECORD + 0.5, (
+        f"{slope:.2f} objects per record with two more lists per pass: the bound is too loose")
