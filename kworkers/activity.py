@@ -107,13 +107,19 @@ class _Context:
         self.heartbeats = 0
 
 
-#: A plain call (no store, no codec) sets only what its context is made of, (record, invoker,
-#: keys): most handlers never ask, and building the context for each record was a tenth of a
-#: no-op record's handler-thread CPU. ``_ctx`` makes it on the first question.
-_Plain = tuple["Message", "ActivityInvoker", "RecordKeys | None"]
-
-_current: contextvars.ContextVar[_Context | _Plain | None] = contextvars.ContextVar(
+#: A plain call (no store, no codec) sets only what its context is made of: the record here,
+#: its invoker and keys in ``_caller``: most handlers never ask, and building the context for
+#: each record was a tenth of a no-op record's handler-thread CPU. ``_ctx`` makes it on the
+#: first question.
+_current: contextvars.ContextVar[_Context | Message | None] = contextvars.ContextVar(
     "kworkers_activity", default=None)
+
+#: a plain call's (invoker, keys), one tuple per invoker, set only when it changes: a tuple
+#: per call alive as long as the call was one more object per record in flight for the
+#: collector to walk (issue #50: thousands of async handlers awaiting I/O)
+_Caller = tuple["ActivityInvoker", "RecordKeys | None"]
+_caller: contextvars.ContextVar[_Caller | None] = contextvars.ContextVar(
+    "kworkers_activity_caller", default=None)
 
 
 class _Batch:
@@ -134,8 +140,10 @@ _batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
 
 def _ctx() -> _Context:
     ctx = _current.get()
-    if isinstance(ctx, tuple):
-        made = _Context(*ctx)
+    if isinstance(ctx, Message):
+        caller = _caller.get()
+        assert caller is not None  # set with the record, in ``call_with``
+        made = _Context(ctx, caller[0], caller[1])
         _current.set(made)  # the same context for the rest of this call
         return made
     if ctx is None:
@@ -334,6 +342,8 @@ class ActivityInvoker:
         #: deliveries skipped as stale (``idempotency.store.Turn``)
         self.stale = 0
         self._plain = store is None and codec is None
+        #: what a plain call sets in ``_caller`` (a new tuple only when the keys change)
+        self._caller: _Caller = (self, None)
         self._last_handler: Callable[[Message], Any] | None = None
         self._last_async = False
 
@@ -454,7 +464,12 @@ class ActivityInvoker:
             # set here for an async handler too: its coroutine is made here and awaited by
             # the caller in the same context (a task made for it copies this one), one
             # coroutine per record rather than two.
-            _current.set((msg, self, keys))
+            caller = self._caller
+            if caller[1] is not keys:
+                caller = self._caller = (self, keys)
+            if _caller.get() is not caller:
+                _caller.set(caller)
+            _current.set(msg)
             return handler(msg)
         if isinstance(msg, list):
             if self._is_async(handler):

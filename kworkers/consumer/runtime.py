@@ -314,9 +314,12 @@ class AsyncRuntime:
         self.slots = _Slots(concurrency, self.loop)
         #: handler calls under way per partition (written on the loop's thread only)
         self._calls: dict[TP, int] = {}
-        #: each handler call under way: (record, start, lane), by its runner's id (written on
-        #: the loop's thread only; ``stalled`` copies it)
-        self._running: dict[int, tuple[Message, float, Lane]] = {}
+        #: each handler call under way: its record and when it started, by its lane (a lane
+        #: runs one call at a time; written on the loop's thread only, ``stalled`` copies
+        #: them). Two maps, not one of tuples: a tuple per call alive as long as the call was
+        #: one more object per record in flight for the collector to walk (issue #50)
+        self._running: dict[Lane, Message] = {}
+        self._since: dict[Lane, float] = {}
         #: lanes to start on the loop (``run``), and whether the loop was woken to start them
         self._starts: deque[tuple[Job, Lane, list[Item], int, TimedOut | None]] = deque()
         self._woken = False
@@ -387,15 +390,18 @@ class AsyncRuntime:
             self.loop.call_soon_threadsafe(self._answer)
         elif now - self._pinged > bound:
             return f"the asyncio loop has not run for {now - self._pinged:.0f}s"
-        for _ in range(3):  # the loop's thread may change the dict meanwhile
+        for _ in range(3):  # the loop's thread may change the dicts meanwhile
             try:
-                running = list(self._running.values())
+                running, since = list(self._running.items()), dict(self._since)
                 break
             except RuntimeError:
                 continue
         else:
             return None
-        for msg, started, lane in running:
+        for lane, msg in running:
+            started = since.get(lane)
+            if started is None:  # ended between the two copies
+                continue
             found = _running("an async handler", msg, started, lane, now, bound)
             if found is not None:
                 return found
@@ -411,7 +417,7 @@ class AsyncRuntime:
         slots = self.slots
         timeout = runner.timeout
         handler, invoke, ps = runner.handler, runner.invoke, lane.part
-        running, me, now = self._running, id(steps), self.clock.monotonic
+        running, since, now = self._running, self._since, self.clock.monotonic
         try:
             req = next(steps)
             while True:
@@ -428,8 +434,8 @@ class AsyncRuntime:
                         await slots.wait()
                     try:
                         calls[tp] = calls.get(tp, 0) + 1
-                        first = req[0] if isinstance(req, list) else req
-                        running[me] = (first, now(), lane)
+                        running[lane] = req[0] if isinstance(req, list) else req
+                        since[lane] = now()
                         try:
                             coro = invoke(handler, req)
                             if timeout is not None:
@@ -437,7 +443,7 @@ class AsyncRuntime:
                             else:
                                 await coro
                         finally:
-                            del running[me]
+                            del running[lane], since[lane]
                             left = calls[tp] - 1
                             if left:
                                 calls[tp] = left

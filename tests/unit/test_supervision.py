@@ -4,6 +4,7 @@ heap never overflows however much a tier holds."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from queue import SimpleQueue
@@ -16,7 +17,7 @@ from kworkers.clock import FakeClock
 from kworkers.consumer.partition import Item, Partition, PartitionState
 from kworkers.consumer.ports import Completion
 from kworkers.consumer.runner import Runner
-from kworkers.consumer.runtime import ThreadRuntime
+from kworkers.consumer.runtime import AsyncRuntime, ThreadRuntime
 from kworkers.consumer.steps import HandOffs
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.errors import WorkerFailed
@@ -86,13 +87,24 @@ def test_a_dead_retry_loop_stops_the_worker_with_the_reason() -> None:
     assert isinstance(err, WorkerFailed) and "kworkers-retry-loop" in str(err)
 
 
-def test_a_handler_call_past_the_stall_bound_is_reported() -> None:
+@pytest.mark.parametrize("runtime", ["threads", "asyncio"])
+def test_a_handler_call_past_the_stall_bound_is_reported(runtime: str) -> None:
     clock = FakeClock()
     sup = Supervisor()
-    rt = ThreadRuntime(1, sup, clock)
     release = threading.Event()
+    rt: ThreadRuntime | AsyncRuntime
+    handler: Any
+    if runtime == "threads":
+        rt = ThreadRuntime(1, sup, clock)
+        handler = lambda m: release.wait(10)  # noqa: E731
+    else:  # the async runtime keeps its calls under way in maps of its own (issue #50)
+        rt = AsyncRuntime(1, sup, clock)
+
+        async def handler(m: Message) -> None:
+            while not release.is_set():
+                await asyncio.sleep(0.01)
     # a partial fake (no ``emit``): the handler never produces outputs here
-    runner = Runner(lambda m: release.wait(10), lambda h, m: h(m), cast(HandOffs, _NoHandOffs()),
+    runner = Runner(handler, lambda h, m: h(m), cast(HandOffs, _NoHandOffs()),
                     rt, clock, None, SimpleQueue())
     ps = PartitionState("t", 0, clock)
     items: list[Item] = list(_msgs(1))
