@@ -30,7 +30,7 @@ the time to the first record is printed apart, and so is the rate after it). Eve
 carries its key's sequence number; the handler counts a violation when a key's record starts
 out of order (or twice), and in partition order also when a partition's offset goes back.
 
-A third side in key order: **kworkers+gc**, kworkers with the interpreter's collector tuned as
+Another side in key order: **kworkers+gc**, kworkers with the interpreter's collector tuned as
 docs/CONFIG.md suggests to an application (``gc.set_threshold(20_000, 10, 10)``). Why: at
 thousands of handlers in flight every record's objects (its task, coroutines, contexts, the
 runner's pass) live ~100 ms, long enough to be carried into the old generation, so CPython's

@@ -2,14 +2,15 @@
 
 Why count them (issue #50): with 5,000 async handlers awaiting 100 ms, every record's objects
 live long enough to be carried into the collector's old generation, and CPython's full passes
-walk all of them while the event loop waits: `benchmarks iobound` measured 13 full passes of
-~110 ms in a 7 s run, the handlers' 100 ms sleeps ending after ~190 ms on average, and the
-same run with the collector off at the ideal. So every object a runner's pass keeps alive per
-record is paid for in the event loop's latency, and one added back by a later change would not
-show in any functional test. This test counts them: records with keys of their own (a lane and a
-pass each) parked in an async handler, the process's tracked objects counted at two levels in
-flight, the slope between them is what one more record costs. The canary puts back what the
-change removed (a sink's two lists made for every pass) and must be seen.
+walk all of them while the event loop waits: a probe of `benchmarks iobound`'s configuration
+measured 13 full passes of ~110 ms in a 7 s run, the handlers' 100 ms sleeps ending after ~190
+ms on average, and the same run with the collector off at the ideal. So every object a runner's
+pass keeps alive per record is paid for in the event loop's latency, and one added back by a
+later change would not show in any functional test. This test counts them: records with keys of
+their own (a lane and a pass each) parked in an async handler, the process's tracked objects
+counted at two levels in flight, the slope between them is what one more record costs. The
+canary puts back what the change removed (a sink's two lists made for every pass) and must be
+seen.
 """
 
 from __future__ import annotations
