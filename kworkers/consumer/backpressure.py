@@ -3,8 +3,8 @@
 Why pure and in one place: every reason to stop fetching (a partition holding its share, a
 drain, an open circuit breaker) is an input here, so a new reason is one more input rather than
 another branch in the poll loop, and the whole policy is tested without a consumer. Pausing
-keeps records in Kafka instead of in memory; hysteresis (resume only at half the share) keeps a
-partition from flapping between the two.
+keeps records in Kafka instead of in memory; hysteresis (a partition resumes once a tenth of its
+share of records is done, half of its byte share) keeps it from flapping between the two.
 
 The admission rule (why shares, not one global cap): each assigned partition may hold
 ``share`` records not yet done, an even split of ``max_in_flight`` over the assigned partitions
@@ -35,9 +35,10 @@ plain asyncio's ~37,000; the same with the bounds lifted 10x, 0.68x asyncio inst
 A finished record holds no memory beyond its offset, but everything from the oldest unfinished
 record on is what a crash makes the next owner run again, so that window has a bound of its own,
 ``WINDOW_FACTOR`` shares (the byte share below counts the whole window too): a partition stops
-at either; it resumes at half its share of records not yet done, and once its window is a share
-below its bound (half the window's bound would keep a partition stopped for its records not yet
-done paused until its head record finished, however little its window held). While one of a
+at either; it resumes once a tenth of its share of records not yet done is done
+(``resume_mark``), and once its window is a share below its bound (half the window's bound
+would keep a partition stopped for its records not yet done paused until its head record
+finished, however little its window held). While one of a
 partition's hand-offs waits for its acknowledgement, the poll loop counts its whole window
 against the share again (``processor._counted``): a failure that cannot be placed yet (its tier
 or DLQ down) is no I/O worth overlapping.
@@ -180,8 +181,26 @@ FIRST_RECORD_BYTES = 1024
 
 
 def resume_mark(share: int) -> int:
-    """A paused partition resumes once it holds this many records or fewer (hysteresis)."""
-    return share // 2
+    """A paused partition resumes once it holds this many records not yet done or fewer: a
+    tenth of its share below it (at least one record, so a share of one resumes empty).
+
+    Why not half (the rule before, issue #50): a resume is not a refill. The records come back
+    only with a fetch, and once every partition of a broker is paused librdkafka's broker
+    thread sleeps up to a second (a resume does not wake it), so a partition resumed at half
+    ran its handlers dry meanwhile whenever half a share lasted less than that: 1,000 keys of a
+    100 ms async handler at 1,000 in flight ran at 0.84x plain asyncio, with a tenth 0.93-0.96x
+    (``benchmarks iobound``). Pausing more often (a pause empties the partition's read-ahead)
+    did not slow the no-op handlers that reach their share most often: ``peers``' sync, batch
+    and async sides ran as fast, and a failure storm's hand-offs too (BENCHMARKS.md).
+    """
+    return share - max(1, share // 10)
+
+
+def half(n: int) -> int:
+    """The resume mark of a byte share and of a window's bound: half, hysteresis enough for
+    records that may be large (a pause empties a partition's read-ahead, so a large record's
+    share is fetched again at each resume)."""
+    return n // 2
 
 
 class Marks(NamedTuple):
@@ -200,8 +219,8 @@ class Marks(NamedTuple):
         share, byte_share = limits.share(partitions), limits.byte_share(partitions)
         window = WINDOW_FACTOR * share
         return cls(share, resume_mark(share), byte_share,
-                   None if byte_share is None else resume_mark(byte_share),
-                   window, max(resume_mark(window), window - share))
+                   None if byte_share is None else half(byte_share),
+                   window, max(half(window), window - share))
 
     def full(self, in_flight: int, nbytes: int, window: int | None = None) -> bool:
         """At any share: the partition takes nothing more."""
