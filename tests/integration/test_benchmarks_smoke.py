@@ -44,7 +44,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "storm": ("handoff_mps", "noop_mps", "ratio", "recovery_s", "peak_rss_mb"),
     "leave": ("exit_s_classic", "exit_s_consumer", "moved_s_classic", "moved_s_consumer"),
     "pace": ("noop_mps", "ratio_replica", "ratio_pool_pg"),
-    "handoff_cpu": ("noop_us", "fail_us", "cpu_ratio", "contention"),
+    "handoff_cpu": ("noop_us", "fail_us", "batch_us", "cpu_ratio", "contention"),
     "schedule": ("early", "p99_ms", "schedule_per_s", "delivered"),
     "hot": ("raw_mps", "kworkers_mps", "pausing_mps", "hold_gain", "short_commits"),
     "floor": ("consume_us", "messages_us", "in_flight_us", "gc_off_us", "build_us", "gc_us"),
