@@ -390,18 +390,29 @@ class AsyncRuntime:
             self.loop.call_soon_threadsafe(self._answer)
         elif now - self._pinged > bound:
             return f"the asyncio loop has not run for {now - self._pinged:.0f}s"
-        for _ in range(3):  # the loop's thread may change the dicts meanwhile
+        for _ in range(3):  # the loop's thread may change the maps meanwhile
             try:
-                running, since = list(self._running.items()), dict(self._since)
-                break
+                return self._oldest_stalled(now, bound)
             except RuntimeError:
                 continue
-        else:
-            return None
-        for lane, msg in running:
-            started = since.get(lane)
-            if started is None:  # ended between the two copies
-                continue
+        return None
+
+    def _oldest_stalled(self, now: float, bound: float) -> str | None:
+        """The first call running ``bound`` s, from the oldest on. ``_since`` holds its calls
+        in the order they started (a call's entry is removed when it ends, before its lane's
+        next one is added), so the walk stops at the first call started within the bound:
+        every later one started later still. A heartbeat only makes a call younger. Copying
+        both maps whole, as before, walked every call in flight each time, four times a
+        second on each poll thread, holding the GIL: 1.1 ms a check at 5,000 calls in flight
+        against 0.006 ms now, and growing with them (issue #50;
+        ``tests/unit/test_async_stall_scan.py``)."""
+        running, since = self._running, self._since
+        for lane, started in since.items():
+            if now - started <= bound:
+                return None
+            msg = running.get(lane)
+            if msg is None or since.get(lane) != started:
+                continue  # ended (and maybe its lane's next call began) as it was read
             found = _running("an async handler", msg, started, lane, now, bound)
             if found is not None:
                 return found
