@@ -11,6 +11,7 @@ Hot-path cost matters: the loop updates counters once per dispatched batch, not 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal, Protocol
@@ -338,6 +339,31 @@ def observe_many(child: Histogram, value: float, n: int) -> None:
         if value <= bound:
             buckets[i].inc(n)
             break
+
+
+def observe_all(child: Histogram, observed: list[tuple[float, int]]) -> None:
+    """``observe_many`` for each ``(value, n)``, with one update per bucket they fall in and
+    one of the sum: the poll loop applies hundreds of runners' reports at once (at thousands
+    of async handlers in flight, one per record), and each update takes the metric's lock
+    (issue #50). The same bucket as ``observe`` (the first bound at or above the value)."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for value, n in observed:
+            observe_many(child, value, n)
+        return
+    counts: dict[int, int] = {}
+    seconds = 0.0
+    for value, n in observed:
+        if n > 0:
+            seconds += value * n
+            i = bisect_left(bounds, value)
+            counts[i] = counts.get(i, 0) + n
+    if counts:
+        total.inc(seconds)
+        for i, n in counts.items():
+            buckets[i].inc(n)
 
 
 class Exposes(Protocol):

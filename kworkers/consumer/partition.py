@@ -8,6 +8,7 @@ meantime is recognised as stale by identity and fenced out.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from kworkers.clock import Clock, SystemClock
@@ -66,7 +67,7 @@ class Lane:
         self._chunk: list[Message] | None = None
         #: offsets the current runner finished but has not reported yet; a revoke reads it so
         #: records done ahead of a slow one are committed, not redelivered
-        self._done: list[int] = []
+        self._done: Sequence[int] = ()
 
     # ------------------------------------------------------------------ reading
 
@@ -90,7 +91,7 @@ class Lane:
         return self._started
 
     @property
-    def done(self) -> list[int]:
+    def done(self) -> Sequence[int]:
         return self._done
 
     def idle(self) -> bool:
@@ -171,7 +172,7 @@ class Lane:
         """Restarts the current record's deadline (a heartbeat from the handler)."""
         self._started = self.part.clock.monotonic()
 
-    def reporting(self, done: list[int]) -> None:
+    def reporting(self, done: Sequence[int]) -> None:
         """The list the runner appends finished offsets to until it reports them."""
         self._done = done
 

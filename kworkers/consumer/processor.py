@@ -37,7 +37,7 @@ from kworkers.consumer.stall_watch import LagSource
 from kworkers.consumer.tier_gate import TierGate
 from kworkers.consumer.transactional import TransactionalCommitter
 from kworkers.memory import RECORD_COST
-from kworkers.metrics import Metrics, observe_many
+from kworkers.metrics import Metrics, observe_all
 from kworkers.supervision import Supervisor
 
 log = logging.getLogger("kworkers.consumer")
@@ -430,6 +430,7 @@ class Processor(PollLoop):
         # counted over the whole drain, one update per counter: a storm's hand-offs complete
         # one record at a time, and each counter update takes a lock
         fenced = done = all_retried = all_dead = seen = 0
+        durations: list[tuple[float, int]] = []
         for ps, offsets, retried, dead, elapsed, calls in self.runner.completions(block, settle):
             seen += 1
             n = len(offsets)
@@ -442,7 +443,9 @@ class Processor(PollLoop):
             all_retried += retried
             all_dead += dead
             if calls:
-                observe_many(self._m_duration, elapsed / calls, calls)
+                durations.append((elapsed / calls, calls))
+        if durations:
+            observe_all(self._m_duration, durations)
         self._since_commit += done
         if fenced:
             self._m_fenced.inc(fenced)

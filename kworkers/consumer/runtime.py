@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from queue import SimpleQueue
-from typing import Any
+from typing import Any, cast
 
 from kworkers.clock import Clock
 from kworkers.consumer.answers import aresolve, resolve
@@ -257,17 +257,31 @@ class InlineRuntime:
         self._closed.set()
 
 
+#: a lane waiting to start on the event loop: ``AsyncRuntime.run``'s arguments
+_Start = tuple[Job, Lane, list[Item], int, "TimedOut | None"]
+
+
 class _Slots:
     """At most ``n`` handler calls at once on the event loop, first come first served: what an
     ``asyncio.Semaphore`` does, without the scan of its waiters that each acquire pays (a
-    tenth of an async no-op record's CPU). Used on the loop's thread only, so plain fields."""
+    tenth of an async no-op record's CPU). Used on the loop's thread only, so plain fields.
 
-    __slots__ = ("free", "loop", "waiters")
+    Two kinds wait in one queue, so arrival order holds between them: a running lane's next
+    call (a future its task awaits), and a lane not started yet (its start, launched with the
+    slot when one is handed to it). A lane gets its task only with a slot: with more lanes
+    ready than slots (10,000 keys at 5,000 in flight), a task per waiting lane was thousands
+    of tasks, coroutines and contexts alive at once for the cyclic collector to walk and
+    carry into its old generation (issue #50)."""
 
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = ("free", "launch", "loop", "waiters")
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop,
+                 launch: Callable[[_Start], None] | None = None) -> None:
         self.free = n
         self.loop = loop
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        #: starts a lane's task that holds the slot it was handed
+        self.launch = launch
+        self.waiters: deque[asyncio.Future[None] | _Start] = deque()
 
     def take(self) -> bool:
         """A slot at once, if one is free and nobody queues for one."""
@@ -276,20 +290,33 @@ class _Slots:
             return True
         return False
 
-    async def wait(self) -> None:
-        """Queue for a slot; ``release`` hands it over."""
+    def wait(self) -> asyncio.Future[None]:
+        """Queue for a slot: the future ``release`` completes when it hands one over. A future,
+        not a coroutine: one object fewer alive per waiting call. Its awaiter passes
+        ``cancelled`` its future when it is cancelled."""
         fut: asyncio.Future[None] = self.loop.create_future()
         self.waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # handed a slot, then cancelled: it goes to the next one
-            raise  # a cancelled waiter left in the queue is skipped by ``release``
+        return fut
+
+    def cancelled(self, fut: asyncio.Future[None]) -> None:
+        """The awaiter of ``fut`` was cancelled: a slot already handed to it goes to the next
+        one (a cancelled waiter still queued is skipped by ``release``)."""
+        if fut.done() and not fut.cancelled():
+            self.release()
+
+    def queue(self, start: _Start) -> None:
+        """A lane to launch, with its slot, once one is handed to it."""
+        self.waiters.append(start)
 
     def release(self) -> None:
-        while self.waiters:
-            fut = self.waiters.popleft()
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if type(waiter) is tuple:
+                assert self.launch is not None
+                self.launch(waiter)
+                return
+            fut = cast("asyncio.Future[None]", waiter)
             if not fut.done():
                 fut.set_result(None)
                 return
@@ -311,7 +338,7 @@ class AsyncRuntime:
         self._thread = threading.Thread(target=self._run, name="kworkers-asyncio", daemon=True)
         self._thread.start()
         self._ready.wait()
-        self.slots = _Slots(concurrency, self.loop)
+        self.slots = _Slots(concurrency, self.loop, self._launch)
         #: handler calls under way per partition (written on the loop's thread only)
         self._calls: dict[TP, int] = {}
         #: each handler call under way: its record and when it started, by its lane (a lane
@@ -321,7 +348,7 @@ class AsyncRuntime:
         self._running: dict[Lane, Message] = {}
         self._since: dict[Lane, float] = {}
         #: lanes to start on the loop (``run``), and whether the loop was woken to start them
-        self._starts: deque[tuple[Job, Lane, list[Item], int, TimedOut | None]] = deque()
+        self._starts: deque[_Start] = deque()
         self._woken = False
         #: the runners' tasks under way (held here: the loop's reference is weak)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -349,12 +376,19 @@ class AsyncRuntime:
 
     def _start_lanes(self) -> None:
         self._woken = False
-        starts, tasks, create, drive = self._starts, self._tasks, self.loop.create_task, self._drive
-        on_done = self._on_done
+        starts, slots = self._starts, self.slots
         while starts:
-            task = create(drive(*starts.popleft()))
-            tasks.add(task)  # the loop keeps only a weak reference to a task
-            task.add_done_callback(on_done)
+            start = starts.popleft()
+            if slots.take():
+                self._launch(start)
+            else:
+                slots.queue(start)  # its task is made when a slot is handed to it
+
+    def _launch(self, start: _Start) -> None:
+        """A lane's task, holding a slot for its first handler call."""
+        task = self.loop.create_task(self._drive(*start, True))
+        self._tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._on_done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -422,7 +456,8 @@ class AsyncRuntime:
         self._answered = self.clock.monotonic()
 
     async def _drive(self, runner: Job, lane: Lane, items: list[Item], inc: int,
-                     timed_out: TimedOut | None) -> None:
+                     timed_out: TimedOut | None, held: bool) -> None:
+        """Runs a lane's pass; ``held``: it was launched with a slot for its first call."""
         current_lane.set(lane)
         steps = runner.steps(lane, items, inc, timed_out)
         slots = self.slots
@@ -435,14 +470,24 @@ class AsyncRuntime:
                 # a record (or a batch) to run is by far the most frequent request: tested
                 # first, by exact type (as ``_drive_sync`` does), the rest only otherwise
                 if type(req) is not Message and type(req) is not list:
+                    if held:  # a slot bounds handler calls, not what a lane waits for
+                        held = False
+                        slots.release()
                     req = steps.send(await aresolve(runner, ps, req))
                     continue
                 result: BaseException | None = None
                 calls = self._calls
                 tp = ps.tp
                 try:
-                    if not slots.take():
-                        await slots.wait()
+                    if held:
+                        held = False
+                    elif not slots.take():
+                        fut = slots.wait()
+                        try:
+                            await fut
+                        except asyncio.CancelledError:
+                            slots.cancelled(fut)
+                            raise
                     try:
                         calls[tp] = calls.get(tp, 0) + 1
                         running[lane] = req[0] if isinstance(req, list) else req
@@ -472,6 +517,9 @@ class AsyncRuntime:
         except BaseException:
             _abandon(lane)
             raise
+        finally:
+            if held:  # ended before its first call
+                slots.release()
 
     def shutdown(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -245,21 +245,34 @@ class Progress:
         self._reset()
 
     def _reset(self) -> None:
-        self.done: list[int] = []
+        #: the list is made with the first offset: a pass reports (and resets) after each
+        #: slow record and once more at its end, and a list made each time for nothing was
+        #: one more object per record for the cyclic collector (issue #50)
+        self.done: list[int] | tuple[()] = ()
         #: records whose handler ran since the last report, failed ones included
         self.calls = 0
-        self.lane.reporting(self.done)
+        self.lane.reporting(())
         self.t0 = self.now()
 
     def record(self, offset: int) -> None:
-        self.done.append(offset)
+        done = self.done
+        if done:
+            done.append(offset)
+        else:
+            self.done = done = [offset]
+            self.lane.reporting(done)
         self.calls += 1
         if self.now() - self.t0 > PARTIAL_POST_S:
             self.post()
 
     def record_many(self, offsets: list[int]) -> None:
         """A whole batch handled: ``record`` once per batch, not per record."""
-        self.done.extend(offsets)
+        done = self.done
+        if done:
+            done.extend(offsets)
+        elif offsets:
+            self.done = done = list(offsets)
+            self.lane.reporting(done)
         self.calls += len(offsets)
         if self.now() - self.t0 > PARTIAL_POST_S:
             self.post()
@@ -272,8 +285,9 @@ class Progress:
 
     def post(self) -> None:
         if self.done or self.calls:
-            self.q.put(Completion(self.lane.part, self.done, 0, 0, self.now() - self.t0,
-                              self.calls))
+            done = self.done
+            self.q.put(Completion(self.lane.part, done if done else [], 0, 0,
+                                  self.now() - self.t0, self.calls))
         self._reset()
 
     def finish(self, inc: int) -> None:

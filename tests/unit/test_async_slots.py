@@ -12,7 +12,12 @@ from kworkers.consumer.runtime import _Slots
 async def _call(slots: _Slots, name: str, log: list[str], running: list[int],
                 gate: asyncio.Event) -> None:
     if not slots.take():
-        await slots.wait()
+        fut = slots.wait()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            slots.cancelled(fut)
+            raise
     try:
         running[0] += 1
         running[1] = max(running[1], running[0])
@@ -21,6 +26,16 @@ async def _call(slots: _Slots, name: str, log: list[str], running: list[int],
     finally:
         running[0] -= 1
         slots.release()
+
+
+async def _waiting(slots: _Slots) -> None:
+    """Queues for a slot as the runtime's driver does (cancelled: ``cancelled`` told)."""
+    fut = slots.wait()
+    try:
+        await fut
+    except asyncio.CancelledError:
+        slots.cancelled(fut)
+        raise
 
 
 def test_at_most_n_at_once_and_in_arrival_order() -> None:
@@ -50,8 +65,8 @@ def test_a_waiter_cancelled_after_the_hand_over_passes_its_slot_on() -> None:
         loop = asyncio.get_running_loop()
         slots = _Slots(1, loop)
         assert slots.take()
-        first = asyncio.create_task(slots.wait())
-        second = asyncio.create_task(slots.wait())
+        first = asyncio.create_task(_waiting(slots))
+        second = asyncio.create_task(_waiting(slots))
         await asyncio.sleep(0)
         slots.release()  # handed to ``first`` ...
         first.cancel()   # ... which is cancelled before it runs: ``second`` gets the slot
@@ -67,7 +82,7 @@ def test_a_waiter_cancelled_while_queued_is_skipped() -> None:
     async def main() -> int:
         slots = _Slots(1, asyncio.get_running_loop())
         assert slots.take()
-        gone = asyncio.create_task(slots.wait())
+        gone = asyncio.create_task(_waiting(slots))
         await asyncio.sleep(0)
         gone.cancel()
         await asyncio.sleep(0)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import pytest
 
 from kworkers import Message, Worker
-from kworkers.consumer import outputs
+from kworkers.consumer import outputs, runtime
 from tests.unit.test_loop_with_fake_consumer import RecordingSender, ScriptedConsumer
 
 #: tracked objects one more record in flight keeps alive besides the record itself and its
@@ -126,3 +126,90 @@ def test_canary_a_sink_with_its_lists_made_per_pass_is_seen(
     slope = _slope()
     assert slope > PER_RECORD + 0.5, (
         f"{slope:.2f} objects per record with two more lists per pass: the bound is too loose")
+
+
+#: tracked objects one more lane *waiting for a slot* keeps alive (measured 2026-12-05 on
+#: CPython 3.11: 6, its lane (the lane, a lock, its queue), its record, its start and the
+#: start's list of records). With more lanes ready than slots (10,000 keys at 5,000 in
+#: flight) thousands wait at once; before a lane got its task only with a slot, each waiting
+#: lane also held a task, its coroutine, a context, the runner's pass and a future (16)
+PER_WAITING_LANE = 6
+SLOTS = 50
+
+
+def _launch_every_lane(self: runtime.AsyncRuntime) -> None:
+    """The canary: every lane's task made at once, waiting for a slot inside it."""
+    self._woken = False
+    while self._starts:
+        task = self.loop.create_task(self._drive(*self._starts.popleft(), False))
+        self._tasks.add(task)
+        task.add_done_callback(self._on_done)
+
+
+def _waiting_slope(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Tracked objects per lane waiting for a slot, between LOW and HIGH lanes ready."""
+    made: list[runtime.AsyncRuntime] = []
+    init = runtime.AsyncRuntime.__init__
+
+    def keep(self: runtime.AsyncRuntime, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(runtime.AsyncRuntime, "__init__", keep)
+    records = [Message("t", k % 2, k // 2, b"key-%d" % k, b"v") for k in range(HIGH)]
+    consumer = ScriptedConsumer(records[:LOW], [])
+    started: list[int] = []
+    loop_of: list[asyncio.AbstractEventLoop] = []
+    gate = asyncio.Event()
+
+    async def handle(msg: Message) -> None:
+        if not loop_of:
+            loop_of.append(asyncio.get_running_loop())
+        started.append(msg.offset)
+        await gate.wait()
+
+    w = Worker(topics=["t"], group_id="g", concurrency=SLOTS, ordering="key",
+               sender=RecordingSender(),
+               consumer=lambda group: consumer if group == "g" else _idle(group))
+    w.handler(handle)
+    thread = threading.Thread(target=w.run, args=(False,), daemon=True)
+    thread.start()
+    try:
+        consumer.go.set()
+        _wait(lambda: len(made) == 1 and len(made[0].slots.waiters) == LOW - SLOTS,
+              f"{LOW - SLOTS} lanes waiting for a slot")
+        time.sleep(0.2)  # the poll loop's own bookkeeping of them settles
+        gc.collect()
+        low = _tracked()
+        with consumer.lock:
+            consumer.records += records[LOW:]
+        _wait(lambda: len(made[0].slots.waiters) == HIGH - SLOTS,
+              f"{HIGH - SLOTS} lanes waiting for a slot")
+        time.sleep(0.2)
+        gc.collect()
+        high = _tracked()
+        parked = len(started)
+    finally:
+        if loop_of:
+            loop_of[0].call_soon_threadsafe(gate.set)
+        w.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert parked == SLOTS  # the bound held: the others waited
+    return (high - low) / (HIGH - LOW)
+
+
+def test_a_lane_waiting_for_a_slot_keeps_few_objects_alive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slope = _waiting_slope(monkeypatch)
+    assert slope > 3, f"{slope:.2f} objects per waiting lane: the count saw no lane waiting"
+    assert slope <= PER_WAITING_LANE + 0.5, (
+        f"{slope:.2f} tracked objects alive per lane waiting for a slot, the bound is "
+        f"{PER_WAITING_LANE}: a lane must get its task only with a slot")
+
+
+def test_canary_a_task_per_waiting_lane_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime.AsyncRuntime, "_start_lanes", _launch_every_lane)
+    slope = _waiting_slope(monkeypatch)
+    assert slope > PER_WAITING_LANE + 0.5, (
+        f"{slope:.2f} objects per waiting lane with a task each: the bound is too loose")
