@@ -9,25 +9,6 @@ import asyncio
 from kworkers.consumer.runtime import _Slots
 
 
-async def _call(slots: _Slots, name: str, log: list[str], running: list[int],
-                gate: asyncio.Event) -> None:
-    if not slots.take():
-        fut = slots.wait()
-        try:
-            await fut
-        except asyncio.CancelledError:
-            slots.cancelled(fut)
-            raise
-    try:
-        running[0] += 1
-        running[1] = max(running[1], running[0])
-        log.append(name)
-        await gate.wait()
-    finally:
-        running[0] -= 1
-        slots.release()
-
-
 async def _waiting(slots: _Slots) -> None:
     """Queues for a slot as the runtime's driver does (cancelled: ``cancelled`` told)."""
     fut = slots.wait()
@@ -36,6 +17,20 @@ async def _waiting(slots: _Slots) -> None:
     except asyncio.CancelledError:
         slots.cancelled(fut)
         raise
+
+
+async def _call(slots: _Slots, name: str, log: list[str], running: list[int],
+                gate: asyncio.Event) -> None:
+    if not slots.take():
+        await _waiting(slots)
+    try:
+        running[0] += 1
+        running[1] = max(running[1], running[0])
+        log.append(name)
+        await gate.wait()
+    finally:
+        running[0] -= 1
+        slots.release()
 
 
 def test_at_most_n_at_once_and_in_arrival_order() -> None:

@@ -65,8 +65,20 @@ def _wait(cond: Callable[[], bool], what: str) -> None:
         time.sleep(0.005)
 
 
-def _slope() -> float:
-    """Tracked objects per record in flight, between LOW and HIGH records parked."""
+def _objects_between(concurrency: int,
+                     settled: Callable[[int, list[int], runtime.AsyncRuntime], bool]
+                     ) -> tuple[float, int]:
+    """Records of keys of their own offered to an async handler that parks them: the
+    process's tracked objects counted at LOW and at HIGH records offered, each once
+    ``settled(records, started, runtime)``; the slope between the two, and how many handlers
+    had started at HIGH."""
+    made: list[runtime.AsyncRuntime] = []
+    init = runtime.AsyncRuntime.__init__
+
+    def keep(self: runtime.AsyncRuntime, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
     records = [Message("t", k % 2, k // 2, b"key-%d" % k, b"v") for k in range(HIGH)]
     consumer = ScriptedConsumer(records[:LOW], [])
     started: list[int] = []
@@ -79,32 +91,42 @@ def _slope() -> float:
         started.append(msg.offset)
         await gate.wait()
 
-    w = Worker(topics=["t"], group_id="g", concurrency=HIGH, ordering="key",
+    w = Worker(topics=["t"], group_id="g", concurrency=concurrency, ordering="key",
                sender=RecordingSender(),
                consumer=lambda group: consumer if group == "g" else _idle(group))
     w.handler(handle)
     thread = threading.Thread(target=w.run, args=(False,), daemon=True)
-    thread.start()
-    try:
-        consumer.go.set()
-        _wait(lambda: len(started) == LOW, f"{LOW} handlers parked")
-        time.sleep(0.2)  # the poll loop's own bookkeeping of them settles
-        gc.collect()
-        low = _tracked()
-        with consumer.lock:
-            consumer.records += records[LOW:]
-        _wait(lambda: len(started) == HIGH, f"{HIGH} handlers parked")
-        time.sleep(0.2)
-        gc.collect()
-        high = _tracked()
-    finally:
-        if loop_of:
-            loop_of[0].call_soon_threadsafe(gate.set)
-        w.stop()
-        thread.join(30)
+    with pytest.MonkeyPatch.context() as mp:  # the runtime is made as the worker starts
+        mp.setattr(runtime.AsyncRuntime, "__init__", keep)
+        thread.start()
+        try:
+            consumer.go.set()
+            _wait(lambda: len(made) == 1 and settled(LOW, started, made[0]),
+                  f"{LOW} records settled")
+            time.sleep(0.2)  # the poll loop's own bookkeeping of them settles
+            gc.collect()
+            low = _tracked()
+            with consumer.lock:
+                consumer.records += records[LOW:]
+            _wait(lambda: settled(HIGH, started, made[0]), f"{HIGH} records settled")
+            time.sleep(0.2)
+            gc.collect()
+            high = _tracked()
+            parked = len(started)
+        finally:
+            if loop_of:
+                loop_of[0].call_soon_threadsafe(gate.set)
+            w.stop()
+            thread.join(30)
     assert not thread.is_alive()
-    assert len(started) == HIGH  # each parked once: none ran twice, none was missed
-    return (high - low) / (HIGH - LOW)
+    return (high - low) / (HIGH - LOW), parked
+
+
+def _slope() -> float:
+    """Tracked objects per record in flight, between LOW and HIGH records parked."""
+    slope, parked = _objects_between(HIGH, lambda n, started, _rt: len(started) == n)
+    assert parked == HIGH  # each parked once: none ran twice, none was missed
+    return slope
 
 
 def _idle(group: str) -> ScriptedConsumer:
@@ -164,62 +186,16 @@ def _launch_every_lane(self: runtime.AsyncRuntime) -> None:
         task.add_done_callback(self._on_done)
 
 
-def _waiting_slope(monkeypatch: pytest.MonkeyPatch) -> float:
+def _waiting_slope() -> float:
     """Tracked objects per lane waiting for a slot, between LOW and HIGH lanes ready."""
-    made: list[runtime.AsyncRuntime] = []
-    init = runtime.AsyncRuntime.__init__
-
-    def keep(self: runtime.AsyncRuntime, *args: object, **kwargs: object) -> None:
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
-        made.append(self)
-
-    monkeypatch.setattr(runtime.AsyncRuntime, "__init__", keep)
-    records = [Message("t", k % 2, k // 2, b"key-%d" % k, b"v") for k in range(HIGH)]
-    consumer = ScriptedConsumer(records[:LOW], [])
-    started: list[int] = []
-    loop_of: list[asyncio.AbstractEventLoop] = []
-    gate = asyncio.Event()
-
-    async def handle(msg: Message) -> None:
-        if not loop_of:
-            loop_of.append(asyncio.get_running_loop())
-        started.append(msg.offset)
-        await gate.wait()
-
-    w = Worker(topics=["t"], group_id="g", concurrency=SLOTS, ordering="key",
-               sender=RecordingSender(),
-               consumer=lambda group: consumer if group == "g" else _idle(group))
-    w.handler(handle)
-    thread = threading.Thread(target=w.run, args=(False,), daemon=True)
-    thread.start()
-    try:
-        consumer.go.set()
-        _wait(lambda: len(made) == 1 and len(made[0].slots.waiters) == LOW - SLOTS,
-              f"{LOW - SLOTS} lanes waiting for a slot")
-        time.sleep(0.2)  # the poll loop's own bookkeeping of them settles
-        gc.collect()
-        low = _tracked()
-        with consumer.lock:
-            consumer.records += records[LOW:]
-        _wait(lambda: len(made[0].slots.waiters) == HIGH - SLOTS,
-              f"{HIGH - SLOTS} lanes waiting for a slot")
-        time.sleep(0.2)
-        gc.collect()
-        high = _tracked()
-        parked = len(started)
-    finally:
-        if loop_of:
-            loop_of[0].call_soon_threadsafe(gate.set)
-        w.stop()
-        thread.join(30)
-    assert not thread.is_alive()
+    slope, parked = _objects_between(
+        SLOTS, lambda n, _started, rt: len(rt.slots.waiters) == n - SLOTS)
     assert parked == SLOTS  # the bound held: the others waited
-    return (high - low) / (HIGH - LOW)
+    return slope
 
 
-def test_a_lane_waiting_for_a_slot_keeps_few_objects_alive(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    slope = _waiting_slope(monkeypatch)
+def test_a_lane_waiting_for_a_slot_keeps_few_objects_alive() -> None:
+    slope = _waiting_slope()
     assert slope > 3, f"{slope:.2f} objects per waiting lane: the count saw no lane waiting"
     assert slope <= PER_WAITING_LANE + 0.5, (
         f"{slope:.2f} tracked objects alive per lane waiting for a slot, the bound is "
@@ -228,6 +204,6 @@ def test_a_lane_waiting_for_a_slot_keeps_few_objects_alive(
 
 def test_canary_a_task_per_waiting_lane_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime.AsyncRuntime, "_start_lanes", _launch_every_lane)
-    slope = _waiting_slope(monkeypatch)
+    slope = _waiting_slope()
     assert slope > PER_WAITING_LANE + 0.5, (
         f"{slope:.2f} objects per waiting lane with a task each: the bound is too loose")
