@@ -67,11 +67,13 @@ def _wait(cond: Callable[[], bool], what: str) -> None:
 
 def _objects_between(concurrency: int,
                      settled: Callable[[int, list[int], runtime.AsyncRuntime], bool]
-                     ) -> tuple[float, int]:
+                     ) -> tuple[float, int, int]:
     """Records of keys of their own offered to an async handler that parks them: the
     process's tracked objects counted at LOW and at HIGH records offered, each once
-    ``settled(records, started, runtime)``; the slope between the two, and how many handlers
-    had started at HIGH."""
+    ``settled(records, started, runtime)``; the slope between the two, how many handlers
+    had started at HIGH, and how many had started once the handlers were let go and every
+    slot was free again (nothing running, nothing queued: a lane left waiting would be a
+    partition that never progresses)."""
     made: list[runtime.AsyncRuntime] = []
     init = runtime.AsyncRuntime.__init__
 
@@ -91,8 +93,10 @@ def _objects_between(concurrency: int,
         started.append(msg.offset)
         await gate.wait()
 
+    # every record has run by the stop (checked below): a drain that waits means lanes left
+    # queued for good (the canary), given up after a second so its worker still exits
     w = Worker(topics=["t"], group_id="g", concurrency=concurrency, ordering="key",
-               sender=RecordingSender(),
+               drain_timeout=1.0, sender=RecordingSender(),
                consumer=lambda group: consumer if group == "g" else _idle(group))
     w.handler(handle)
     thread = threading.Thread(target=w.run, args=(False,), daemon=True)
@@ -113,19 +117,23 @@ def _objects_between(concurrency: int,
             gc.collect()
             high = _tracked()
             parked = len(started)
+            loop_of[0].call_soon_threadsafe(gate.set)
+            _wait(lambda: made[0].slots.free == concurrency, "every slot free again")
+            ran = len(started)
         finally:
             if loop_of:
                 loop_of[0].call_soon_threadsafe(gate.set)
             w.stop()
             thread.join(30)
     assert not thread.is_alive()
-    return (high - low) / (HIGH - LOW), parked
+    return (high - low) / (HIGH - LOW), parked, ran
 
 
 def _slope() -> float:
     """Tracked objects per record in flight, between LOW and HIGH records parked."""
-    slope, parked = _objects_between(HIGH, lambda n, started, _rt: len(started) == n)
+    slope, parked, ran = _objects_between(HIGH, lambda n, started, _rt: len(started) == n)
     assert parked == HIGH  # each parked once: none ran twice, none was missed
+    assert ran == HIGH
     return slope
 
 
@@ -188,9 +196,10 @@ def _launch_every_lane(self: runtime.AsyncRuntime) -> None:
 
 def _waiting_slope() -> float:
     """Tracked objects per lane waiting for a slot, between LOW and HIGH lanes ready."""
-    slope, parked = _objects_between(
+    slope, parked, ran = _objects_between(
         SLOTS, lambda n, _started, rt: len(rt.slots.waiters) == n - SLOTS)
     assert parked == SLOTS  # the bound held: the others waited
+    assert ran == HIGH, f"{HIGH - ran} lanes never started once the slots were free"
     return slope
 
 
@@ -207,3 +216,20 @@ def test_canary_a_task_per_waiting_lane_is_seen(monkeypatch: pytest.MonkeyPatch)
     slope = _waiting_slope()
     assert slope > PER_WAITING_LANE + 0.5, (
         f"{slope:.2f} objects per waiting lane with a task each: the bound is too loose")
+
+
+def _release_dropping_starts(self: runtime._Slots) -> None:
+    """The canary: a release that hands slots to running lanes but loses queued starts."""
+    while self.waiters:
+        waiter = self.waiters.popleft()
+        if isinstance(waiter, asyncio.Future) and not waiter.done():
+            waiter.set_result(None)
+            return
+    self.free += 1
+
+
+def test_canary_a_lane_left_in_the_queue_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waiting-lane test has a liveness half: every queued lane starts once slots free."""
+    monkeypatch.setattr(runtime._Slots, "release", _release_dropping_starts)
+    with pytest.raises(AssertionError, match="lanes never started"):
+        _waiting_slope()
