@@ -12,9 +12,10 @@ and a pipe with the secrets (``kworkers.cli.child_secrets``: never on a command 
 
 The parent puts each child in a session of its own, so a terminal's Ctrl-C reaches the parent
 once and is forwarded once (a second signal makes a worker exit at once, and a Ctrl-C sent to
-the whole process group would count twice). It exits 0 only when every child exited 0; when a
-child fails on its own, the parent stops the others, so a supervisor sees one failed pool and
-restarts it, instead of a pool quietly running short.
+the whole process group would count twice). So a child is told its parent's pid and stops by
+itself when the parent is gone without a word (``kworkers.cli.parent_watch``). It exits 0
+only when every child exited 0; when a child fails on its own, the parent stops the others, so
+a supervisor sees one failed pool and restarts it, instead of a pool quietly running short.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from kworkers.cli.child_secrets import attach
+from kworkers.cli.parent_watch import PARENT_OPTION
 from kworkers.metrics import MetricsServer, MultiProcessMetrics, mark_process_dead
 
 log = logging.getLogger("kworkers.cli")
@@ -80,7 +82,8 @@ def run_pool(child_args: Sequence[str], processes: int, metrics_port: int | None
     try:
         for _ in range(processes):
             args, fd = attach([sys.executable, "-m", "kworkers.cli", "run", *child_args,
-                               "--processes", "1"], secrets or {})
+                               "--processes", "1", PARENT_OPTION, str(os.getpid())],
+                              secrets or {})
             try:
                 children.append(subprocess.Popen(args, start_new_session=True, env=env,
                                                  pass_fds=() if fd is None else (fd,)))

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from kworkers import settings
-from kworkers.cli import child_secrets
+from kworkers.cli import child_secrets, parent_watch
 from kworkers.cli.options import (
     bootstrap_option,
     config_option,
@@ -169,11 +169,12 @@ def _native_crashes_leave_a_stack() -> None:
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option(child_secrets.FD_OPTION, "secrets_fd", type=int, default=None, hidden=True)
+@click.option(parent_watch.PARENT_OPTION, "parent_pid", type=int, default=None, hidden=True)
 def run(target: str, processes: int, concurrency: int | None,
         max_in_flight_bytes: str | None, metrics_port: int | None,
         config_path: str | None, bootstrap: str | None, properties: tuple[str, ...],
         group_id: str | None, topics_: tuple[str, ...], rate_limit: str | None,
-        log_level: str, secrets_fd: int | None) -> int:
+        log_level: str, secrets_fd: int | None, parent_pid: int | None) -> int:
     """Run the Worker MODULE:WORKER (an instance, or a zero-argument factory returning one).
 
     Settings: flags > KWORKERS_* environment > --config file > the Worker's own config.
@@ -196,6 +197,8 @@ def run(target: str, processes: int, concurrency: int | None,
                                     *properties, *(f"{k}={v}" for k, v in passed.items())))}
     worker = prepare(target, flags, os.environ, config_path)
     if processes == 1:
+        if parent_pid is not None:  # a pool's child: it stops when the pool's parent is gone
+            parent_watch.start(parent_pid)
         return run_one(worker, metrics_port)
     shown, secret = child_secrets.split_properties(properties)
     child: list[str] = [target, "--log-level", log_level]
