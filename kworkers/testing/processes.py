@@ -14,6 +14,26 @@ from pathlib import Path
 from kworkers.testing.checker import FaultLog
 
 
+def _stat(pid: str | int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state first), or None."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a ``--processes`` pool's children)."""
+    return sorted(int(d.name) for d in Path("/proc").glob("[0-9]*")
+                  if (f := _stat(d.name)) is not None and int(f[1]) == pid)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's new parent may not have reaped it yet)."""
+    f = _stat(pid)
+    return f is not None and f[0] != "Z"
+
+
 class WorkerProcess:
     def __init__(self, args: Sequence[str], log_dir: Path, name: str,
                  cwd: str | None = None, env: Mapping[str, str] | None = None) -> None:

@@ -45,6 +45,7 @@ from kworkers.kafka.admin import TopicSpec, admin_client, create_topics, existin
 from kworkers.kafka.settings import ENV_PROPERTIES
 from kworkers.testing.broker import Security, broker_from_env, free_port
 from kworkers.testing.oidc import AUDIENCE, ISSUER, Idp
+from kworkers.testing.processes import children
 from kworkers.testing.tls import Pki, make_pki
 from kworkers.testing.workload import (
     committed_total,
@@ -322,18 +323,6 @@ worker.handler(lambda msg: None)
 """
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return sorted(out)
-
-
 def _exposed(pid: int) -> dict[str, list[str]]:
     """The secrets readable in ``/proc/<pid>/cmdline`` and ``/proc/<pid>/environ``."""
     found: dict[str, list[str]] = {}
@@ -371,7 +360,7 @@ def _two_children(p: subprocess.Popen[str]) -> list[int]:
     kids: list[int] = []
 
     def two() -> bool:
-        kids[:] = _children(p.pid)
+        kids[:] = children(p.pid)
         started = all(b"--processes\x001\x00" in _cmdline(k) for k in kids)
         return (len(kids) == 2 and started) or p.poll() is not None
 

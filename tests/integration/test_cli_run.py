@@ -18,6 +18,7 @@ from kworkers.kafka.clients import list_topics
 from kworkers.testing import Broker
 from kworkers.testing.broker import free_port
 from kworkers.testing.effects import Ledger
+from kworkers.testing.processes import children, running
 from kworkers.testing.workload import committed_total, make_topic, produce_numbered, unique
 from tests.integration.conftest import wait_for
 from tests.integration.test_cli_support import ROOT, cli, one_error_line
@@ -28,6 +29,7 @@ APP = '''
 import os
 from kworkers import TierLadder, Worker
 from kworkers.testing.effects import Ledger
+from kworkers.testing.processes import children, running
 
 # placeholders: kworkers.toml, KWORKERS_* and flags supply the real settings
 worker = Worker(topics=["placeholder"], group_id="placeholder", tiers=TierLadder((0.25,)))
@@ -165,30 +167,6 @@ def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
     assert committed_total(bs, group, topic, 6) == 100
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's new parent may not have reaped it yet)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] \
-            != "Z"
-    except OSError:
-        return False
-
-
 def _members(bs: str, group: str) -> int:
     """The group's members, read back from the broker."""
     from confluent_kafka.admin import AdminClient
@@ -226,7 +204,7 @@ def _orphans_after_a_sigkilled_pool(bs: str, tmp_path: Path, watch: bool,
         wait_for(lambda: _ready(port) or p.poll() is not None, 90,
                  "both worker processes ready")
         assert p.poll() is None, _log(tmp_path)
-        kids = _children(p.pid)
+        kids = children(p.pid)
         assert len(kids) == 2, (kids, _log(tmp_path))
         produce_numbered(bs, topic, 40)
         ledger = Ledger(tmp_path / "ledger.db")
@@ -235,9 +213,9 @@ def _orphans_after_a_sigkilled_pool(bs: str, tmp_path: Path, watch: bool,
         p.kill()
         p.wait()
         with contextlib.suppress(AssertionError):  # the verdict: what still runs, below
-            wait_for(lambda: not any(_running(k) for k in kids), bound,
+            wait_for(lambda: not any(running(k) for k in kids), bound,
                      "the orphaned worker processes to stop")
-        left = [k for k in kids if _running(k)]
+        left = [k for k in kids if running(k)]
         members = _members(bs, group) if not left else -1
         return left, members
     finally:
@@ -263,11 +241,11 @@ def test_a_pool_sigkilled_leaves_no_worker_behind(kafka_broker: Broker, tmp_path
 
 def test_canary_a_pool_without_the_watch_leaves_its_children_running(
         kafka_broker: Broker, tmp_path: Path) -> None:
-    """The pool before the watch: its children outlive it. A bound, not a threshold: given 10
-    of the watch's periods, both are still running (a broken watch can only pass the real
-    test above by exiting for another reason, which this canary would then show too)."""
+    """The pool before the watch: its children outlive it. A bound, not a threshold: given 5
+    of the watch's one-second periods, both are still running (a broken watch can only pass
+    the real test above by exiting for another reason, which this canary would show too)."""
     left, _ = _orphans_after_a_sigkilled_pool(kafka_broker.bootstrap_servers, tmp_path,
-                                              watch=False, bound=10)
+                                              watch=False, bound=5)
     print(f"canary: still running {left}")
     assert len(left) == 2, left
 
