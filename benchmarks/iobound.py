@@ -24,6 +24,8 @@ Sides, each in a process of its own (``benchmarks.child``), alternated, the same
   key, which records are held decides how many keys have one to run; and **kworkers, window 1
   share**: kworkers with its window bounded at one share, which is the rule before issue #50
   counted the whole window against the share (what counting records not yet done bought).
+  A third: **kworkers, deadline**, kworkers with a ``message_timeout`` its handlers never
+  reach (``DEADLINE_S``): what bounding every call costs, against the kworkers side.
 
 Both are timed from subscribe to the N-th record handled (the group join inside the window:
 the time to the first record is printed apart, and so is the rate after it). Every record
@@ -68,6 +70,9 @@ SEED = 20261205
 WAIT_S = 0.1
 KEY_PARTITIONS = 6
 #: kworkers' default ``max_in_flight``: records fetched and not yet completed, per loop
+#: the ``kworkers, deadline`` side's ``message_timeout``: never reached, so what it measures is
+#: the cost of bounding every call (a timer and, before issue #50's fix, a task per call)
+DEADLINE_S = 30.0
 HELD = WorkerConfig(topics=("t",), group_id="g").max_in_flight
 
 
@@ -193,8 +198,10 @@ def kworkers_side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
         async def handle(msg: Message) -> None:
             await probe.handle(msg.value or b"", msg.partition, msg.offset)
 
+    deadline: dict[str, Any] = ({"message_timeout": float(options["deadline"])}
+                                if "deadline" in options else {})
     extra = run_worker(spec, meter, register, ordering=options["ordering"],
-                       concurrency=int(options["concurrency"]))
+                       concurrency=int(options["concurrency"]), **deadline)
     return {**extra, "violations": probe.violations, **collector.figures()}
 
 
@@ -273,6 +280,9 @@ def sides_for(cfg: Config, loops: tuple[str, ...], held: bool = False) -> list[S
         out.append(Side("iobound_kworkers", "kworkers, window 1 share",
                         options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
                                  "window_factor": 1}))
+        out.append(Side("iobound_kworkers", "kworkers, deadline",
+                        options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
+                                 "deadline": DEADLINE_S}))
     return out
 
 
@@ -353,18 +363,22 @@ def main(mode: Mode, profile: bool = False) -> None:
             if held:
                 control = summaries["asyncio held"]
                 one = summaries["kworkers, window 1 share"]
+                bounded = summaries["kworkers, deadline"]
                 tuned = summaries["kworkers+gc"]
                 figures |= {f"kworkers_gc_{cfg.name}": round(tuned.mps),
                             f"ratio_gc_{cfg.name}": round(tuned.mps / plain.mps, 3),
                             f"asyncio_held_{cfg.name}": round(control.mps),
                             f"ratio_held_{cfg.name}": round(kw.mps / control.mps, 3),
                             f"kworkers_window1_{cfg.name}": round(one.mps),
-                            f"ratio_window1_{cfg.name}": round(one.mps / plain.mps, 3)}
+                            f"ratio_window1_{cfg.name}": round(one.mps / plain.mps, 3),
+                            f"kworkers_deadline_{cfg.name}": round(bounded.mps),
+                            f"deadline_x_kworkers_{cfg.name}": round(bounded.mps / kw.mps, 3)}
                 row += [f"{tuned.mps:,.0f} ({tuned.mps / plain.mps:.2f}x)",
                         f"{control.mps:,.0f} ({kw.mps / control.mps:.2f}x)",
-                        f"{one.mps:,.0f} ({one.mps / plain.mps:.2f}x)"]
+                        f"{one.mps:,.0f} ({one.mps / plain.mps:.2f}x)",
+                        f"{bounded.mps:,.0f} ({bounded.mps / kw.mps:.2f}x)"]
             else:
-                row += ["", "", ""]
+                row += ["", "", "", ""]
             rows.append(row)
     columns = ["configuration", "ideal/s", "kworkers/s", "asyncio/s", "x asyncio",
                "x asyncio after 1st record", "violations"]
@@ -372,7 +386,8 @@ def main(mode: Mode, profile: bool = False) -> None:
         columns += ["kworkers+uvloop/s (x kworkers)", "asyncio+uvloop/s (x asyncio)"]
     columns += [f"kworkers+gc (threshold {GC_TUNED['gc']['threshold'][0]:,})/s (x asyncio)",
                 f"asyncio holding <= {HELD:,}/s (kworkers x it)",
-                "kworkers, window 1 share/s (x asyncio)"]
+                "kworkers, window 1 share/s (x asyncio)",
+                f"kworkers, {DEADLINE_S:.0f} s deadline/s (x kworkers)"]
     table("iobound (medians; aims: >= 0.8x asyncio at 5,000 in flight, >= 0.95x at 1,000, "
           "0 violations)", columns, rows)
     result("iobound", {**figures, "violations": violations, "short_commits": short,

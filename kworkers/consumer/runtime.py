@@ -495,7 +495,11 @@ class AsyncRuntime:
                         try:
                             coro = invoke(handler, req)
                             if timeout is not None:
-                                await asyncio.wait_for(coro, timeout)
+                                # in this task, not one made per call as ``wait_for`` makes
+                                # (Python 3.11): a task, its context and a future per record
+                                # in flight for the collector to walk (issue #50)
+                                async with asyncio.timeout(timeout):
+                                    await coro
                             else:
                                 await coro
                         finally:

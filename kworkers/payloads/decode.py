@@ -272,8 +272,9 @@ class RecordDecoder:
             ctx = self._context(topic, field, msg.headers)
             raw = self._raw(msg, field)
             try:
-                if _is_async_call(fn):  # cancellable: awaited at most the bound
-                    out = await asyncio.wait_for(fn(raw, ctx), self.backoff.timeout)
+                if _is_async_call(fn):  # cancellable: awaited at most the bound, in this task
+                    async with asyncio.timeout(self.backoff.timeout):
+                        out = await fn(raw, ctx)
                 else:
                     out = await asyncio.to_thread(fn, raw, ctx)
                     if inspect.isawaitable(out):
