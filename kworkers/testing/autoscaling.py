@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import signal
 import subprocess
 import time
@@ -34,7 +35,7 @@ from kworkers.testing.broker import free_port
 from kworkers.testing.keda_probe import KedaScaler, kafka_triggers, probe_path
 from kworkers.testing.processes import WorkerProcess, health
 from kworkers.testing.prometheus import PrometheusServer
-from kworkers.testing.scaling_loop import Figure, LoopSpec, ScalingLoop
+from kworkers.testing.scaling_loop import Figure, LoopSpec, ScalingLoop, unread_problems
 from kworkers.testing.workload import make_topic, unique
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,9 +96,14 @@ class Reader:
         self.nonzero: list[tuple[float, list[tuple[dict[str, str], float]]]] = []
 
     def __call__(self) -> list[Figure]:
-        out = [Figure(r.name, r.value, r.target, r.active) for r in self.keda.poll().values()]
+        out = [Figure(r.name, r.value, r.target, r.active, r.error)
+               for r in self.keda.poll().values()]
         for name, q, target, activation in self.queries:
-            v = self.prom.query(q)
+            try:
+                v = self.prom.query(q)
+            except OSError as exc:  # unreachable or timed out: KEDA's trigger errs likewise
+                out.append(Figure(name, math.nan, target, False, f"prometheus: {exc}"))
+                continue
             out.append(Figure(name, v, target, v > activation))
             if v > 0 and len(self.nonzero) < 20:
                 self.nonzero.append((time.monotonic(), [
@@ -208,6 +214,9 @@ def drive(so: Mapping[str, Any], canaries: Mapping[str, Mapping[str, Any]], bs: 
         for s in shadows.values():
             s.read.close()
         codes = replicas.close()
+    # a scaler error holds the loop, as it holds KEDA: a run judged on holds is no run
+    unread = unread_problems(loop.readings)
+    assert not unread, f"{unread}; events: {loop.events}"
     return Run(loop, read, shadows, trace, codes)
 
 

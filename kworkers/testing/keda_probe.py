@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -87,12 +88,14 @@ def kafka_triggers(scaledobject: Mapping[str, Any], bootstrap: str,
 @dataclass(frozen=True)
 class Reading:
     """One trigger's answer to a poll: KEDA's metric (what the HPA divides by ``target``) and
-    whether KEDA judges it active (activation 0 <-> 1)."""
+    whether KEDA judges it active (activation 0 <-> 1); or the scaler's ``error`` (then the
+    value is NaN: a judge comparing values cannot take an error for a reading of 0)."""
 
     name: str
     value: float
     active: bool
     target: float
+    error: str | None = None
 
 
 class KedaScaler:
@@ -121,13 +124,16 @@ class KedaScaler:
         return reply
 
     def poll(self) -> dict[str, Reading]:
-        """Every trigger polled once, as KEDA's operator does each pollingInterval."""
+        """Every trigger polled once, as KEDA's operator does each pollingInterval. A trigger
+        the scaler fails to read is a ``Reading`` with its ``error``, as KEDA's operator
+        gets it (and goes on: ``scaling_loop``), not an exception that ends the caller."""
         out = {}
         for t in self._ask("poll")["triggers"]:
+            name = t["name"]
             if t.get("error"):
-                raise RuntimeError(f"KEDA's Kafka scaler, trigger {t['name']}: {t['error']}")
-            out[t["name"]] = Reading(t["name"], float(t["value"]), bool(t["active"]),
-                                     self.targets[t["name"]])
+                out[name] = Reading(name, math.nan, False, self.targets[name], str(t["error"]))
+                continue
+            out[name] = Reading(name, float(t["value"]), bool(t["active"]), self.targets[name])
         return out
 
     def close(self) -> None:

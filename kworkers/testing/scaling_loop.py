@@ -23,6 +23,13 @@ cooldownPeriod, activation) and Kubernetes (the HorizontalPodAutoscaler's algori
   policies (per period, from the replicas at the period's start; ``selectPolicy: Max`` takes
   the policy allowing the largest change); clamped to ``[max(minReplicaCount, 1),
   maxReplicaCount]``.
+* **A trigger that fails to read** (KEDA's scaler returns an error: a broker restarting, a
+  metadata refresh after a stall, a topic not created yet): KEDA counts it inactive, and with
+  no other trigger active it holds the replicas where they are (no scale to zero while any
+  trigger errs; the rendered ScaledObject sets no ``fallback``). The HPA, given metrics it
+  cannot read, still scales up on those it can, but skips a sync whose readable metrics would
+  scale down, or when none is readable (Kubernetes' documented rule; its
+  ``computeReplicasForMetrics``), recording no recommendation for it.
 
 ``LoopSpec.from_scaledobject`` reads every figure from a rendered ScaledObject; ``speedup``
 divides every interval (polling, sync period, cooldown, windows, policy periods) so a test
@@ -71,12 +78,15 @@ DEFAULT_DOWN = Direction(DEFAULT_SCALE_DOWN_WINDOW_S, (Policy("Percent", 100, 15
 @dataclass(frozen=True)
 class Figure:
     """One trigger's reading: the metric KEDA hands the HPA, its ``AverageValue`` target, and
-    whether KEDA judges the trigger active."""
+    whether KEDA judges the trigger active; or ``error``, the scaler's failure to read it
+    (then ``value`` and ``active`` mean nothing: see ``ScalingLoop`` for what KEDA and the
+    HPA do with it)."""
 
     name: str
     value: float
     target: float
     active: bool
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,10 +173,12 @@ class ScalingLoop:
     def keda_poll(self, now: float, figures: Sequence[Figure]) -> int:
         """KEDA's activation step (0 <-> 1, and the floor ``minReplicaCount``)."""
         s = self.spec
-        if any(f.active for f in figures):
+        if any(f.active and f.error is None for f in figures):
             self.last_active = now
             if self.replicas == 0:
                 self._set(now, max(s.min_replicas, 1), "keda", figures)
+        elif any(f.error is not None for f in figures):
+            pass  # none active, one unread: KEDA holds (no fallback rendered)
         elif self.replicas > 0 and s.min_replicas == 0:
             since = self.last_active if self.last_active is not None else -math.inf
             if now - since >= s.cooldown:
@@ -209,8 +221,11 @@ class ScalingLoop:
         if current == 0:
             return 0
         lo, hi = max(s.min_replicas, 1), s.max_replicas
-        desired = max((metric_replicas(f, current, s.tolerance) for f in figures),
+        readable = [f for f in figures if f.error is None]
+        desired = max((metric_replicas(f, current, s.tolerance) for f in readable),
                       default=current)
+        if len(readable) < len(figures) and (not readable or desired < current):
+            return current  # a metric unread: no scale-down, no recommendation
         desired = min(max(desired, lo), hi)
         # stabilization: the windows' recommendations (the desired ones, unstabilized)
         self.recommendations.append((now, desired))
@@ -245,3 +260,23 @@ class ScalingLoop:
     @property
     def peak(self) -> int:
         return max([e.after for e in self.events] + [self.replicas])
+
+
+#: a run may meet a scaler error now and then (a broker busy or restarting); more than this
+#: share of its readings with one, and its verdicts rest on holds, not on the triggers
+UNREAD_SHARE = 0.1
+
+
+def unread_problems(readings: Sequence[tuple[float, Sequence[Figure]]]) -> list[str]:
+    """What makes a run's readings too few to judge it by: none at all, or more than
+    ``UNREAD_SHARE`` of them with a trigger the scaler failed to read (while any trigger errs
+    the loop holds, so a "never zero" or "never more" verdict could pass on errors alone)."""
+    if not readings:
+        return ["no reading at all"]
+    errs = [(t, f.name, f.error) for t, figs in readings for f in figs if f.error is not None]
+    unread = sum(1 for _t, figs in readings if any(f.error is not None for f in figs))
+    if unread > UNREAD_SHARE * len(readings):
+        return [f"{unread} of {len(readings)} readings with a trigger unread, first: "
+                f"{errs[:3]}"]
+    return []
+

@@ -122,6 +122,7 @@ def test_kworkers_lag_and_the_model_agree_with_kedas_scaler(
             if state == "C":
                 _commit(bs, group, topic, {0: 10, 1: 4, 2: 11})
             readings = keda.poll()
+            assert not [r for r in readings.values() if r.error], readings
             parts = _offsets(bs, group, topic, 3)
             for name, s in VARIANTS.items():
                 r = readings[name]
@@ -155,10 +156,11 @@ def test_the_judge_can_fail(group_state: tuple[str, str, str]) -> None:
     trig = [{"name": "p", "metadata": {"bootstrapServers": bs, "consumerGroup": group,
                                        "topic": topic, **s.trigger_metadata()}}]
     with KedaScaler(trig, probe) as keda:
-        keda.poll()
+        assert keda.poll()["p"].error is None
         _produce(bs, topic, {2: 5})
         _commit(bs, group, topic, {2: 8})
         second = keda.poll()["p"]
+        assert second.error is None, second
     parts = _offsets(bs, group, topic, 3)
     assert (second.value, second.active) != _model(wrong, parts, None)
 
@@ -178,9 +180,10 @@ def test_the_rendered_wake_triggers_ask_one_replica_and_wake_on_any_lag(
     assert len(wake) == 1, yaml.safe_dump(so)
     with KedaScaler(wake, probe) as keda:
         (r,) = keda.poll().values()
+        assert r.error is None, r
         lag = _kworkers_lag(bs, group, topic, "earliest")
         assert (r.value, r.active) == (float(lag), True) and lag == 11
         assert -(-r.value // r.target) == 1  # ceil(metric / target): one replica
         _commit(bs, group, topic, {0: 10, 1: 4, 2: 6})
         (r,) = keda.poll().values()
-        assert (r.value, r.active) == (0.0, False)
+        assert r.error is None and (r.value, r.active) == (0.0, False), r

@@ -140,3 +140,54 @@ def test_min_replicas_is_a_floor_and_never_zero(minimum: int) -> None:
     loop = ScalingLoop(LoopSpec(polling_interval=30, min_replicas=minimum, max_replicas=6))
     trace = run(loop, [(0, [wake(False), drain(0)])], until=900)
     assert {r for _, r in trace} == {minimum}
+
+
+def unread(name: str = "wake") -> Figure:
+    return Figure(name, float("nan"), 10.0**15, False, "not the leader for this partition")
+
+
+def test_a_trigger_unread_holds_the_pool_where_it_is_never_to_zero() -> None:
+    """KEDA with no trigger active and one erring neither scales to zero nor counts the
+    cooldown as met by the error; once the trigger reads inactive again, the cooldown since
+    the last active poll decides, as before."""
+    loop = ScalingLoop(LoopSpec(polling_interval=10, sync_period=15, cooldown=60,
+                                max_replicas=4))
+    trace = run(loop, [(0, [wake(True, 5), drain(0)]), (5, [unread(), drain(0)]),
+                       (200, [wake(False), drain(0)])], until=230)
+    assert dict(trace)[199] == 1  # held through 190 s of errors, past the 60 s cooldown
+    assert dict(trace)[230] == 0  # read inactive again: the cooldown had passed
+    assert [(e.before, e.after, e.by) for e in loop.events] == [(0, 1, "keda"), (1, 0, "keda")]
+
+
+def test_a_trigger_unread_wakes_nothing_but_another_active_one_still_does() -> None:
+    loop = ScalingLoop(LoopSpec(polling_interval=10, sync_period=15, max_replicas=4))
+    assert loop.advance(0, lambda: [unread(), drain(0)]) == 0
+    assert loop.advance(10, lambda: [unread(), drain(150)]) == 1
+
+
+def test_the_hpa_scales_up_on_the_metrics_it_reads_and_never_down_while_one_is_unread(
+) -> None:
+    """Kubernetes' rule: with a metric unreadable, a scale-up the others ask for happens, a
+    scale-down they ask for is skipped (no recommendation kept), and so is a sync with none
+    readable."""
+    spec = LoopSpec(polling_interval=1000, sync_period=15, max_replicas=6, up=FAST_UP,
+                    down=Direction(0.0, (Policy("Percent", 100, 15.0),)))
+    loop = ScalingLoop(spec, replicas=2)
+    assert loop.hpa_sync(0, [unread(), drain(450)]) == 5  # up: 450 / 100
+    assert loop.hpa_sync(15, [unread(), drain(100)]) == 5  # down skipped
+    assert loop.hpa_sync(30, [unread(), unread("drain")]) == 5  # none readable
+    assert loop.recommendations == [(0, 5)]
+    assert loop.hpa_sync(45, [wake(False), drain(100)]) == 1  # all read: down as asked
+
+
+def test_a_run_mostly_unread_cannot_be_judged() -> None:
+    """The guard every scenario's run passes (``autoscaling.drive``): a few errors pass, a
+    run on holds does not, nor an empty one."""
+    from kworkers.testing.scaling_loop import unread_problems
+
+    fine = [(float(t), (wake(False), drain(0))) for t in range(20)]
+    assert unread_problems(fine) == []
+    assert unread_problems(fine + [(20.0, (unread(), drain(0)))] * 2) == []
+    held = fine[:5] + [(float(t), (unread(), drain(0))) for t in range(5, 20)]
+    assert unread_problems(held) and "15 of 20" in unread_problems(held)[0]
+    assert unread_problems([]) == ["no reading at all"]
