@@ -355,6 +355,8 @@ class AsyncRuntime:
         #: one bound method for every task's done callback, not one made per task (an object
         #: alive per record for the cyclic collector to walk: issue #50)
         self._on_done = self._done
+        #: and one for every bounded call's heartbeats (``Lane.bind``)
+        self._on_touch = self._touched
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -452,6 +454,23 @@ class AsyncRuntime:
                 return found
         return None
 
+    def _touched(self, lane: Lane) -> None:
+        """A heartbeat from a call with a deadline: the deadline starts again from now, as a
+        sync call's does (``Lane.touch``). It may come from a thread the handler awaits
+        (``asyncio.to_thread``): the deadline is moved on the loop's thread."""
+        if threading.current_thread() is self._thread:
+            self._extend(lane)
+        else:
+            self.loop.call_soon_threadsafe(self._extend, lane)
+
+    def _extend(self, lane: Lane) -> None:
+        bound = lane.bound
+        if bound is None:
+            return  # the call ended meanwhile
+        timeout, seconds = cast("asyncio.Timeout", bound[0]), bound[1]
+        if not timeout.expired():  # expired: its cancellation is already under way
+            timeout.reschedule(self.loop.time() + seconds)
+
     def _answer(self) -> None:
         self._answered = self.clock.monotonic()
 
@@ -498,8 +517,12 @@ class AsyncRuntime:
                                 # in this task, not one made per call as ``wait_for`` makes
                                 # (Python 3.11): a task, its context and a future per record
                                 # in flight for the collector to walk (issue #50)
-                                async with asyncio.timeout(timeout):
-                                    await coro
+                                async with asyncio.timeout(timeout) as bound:
+                                    lane.bind(bound, timeout, self._on_touch)
+                                    try:
+                                        await coro
+                                    finally:
+                                        lane.unbind()
                             else:
                                 await coro
                         finally:

@@ -488,3 +488,36 @@ def test_an_async_deadline_runs_the_call_in_its_lanes_task_and_still_fires() -> 
     assert len(drivers) == 10, drivers
     assert {d.rsplit(".", 1)[-1] for d in drivers} == {"_drive"}, drivers
     assert [v for _t, v in sender.sent] == [b"3"], sender.sent  # only the late one, handed off
+
+
+@pytest.mark.parametrize("where", ["loop", "thread"])
+def test_a_heartbeat_extends_an_async_calls_deadline(where: str) -> None:
+    """``activity.record_heartbeat`` extends the message deadline (README, docs/CONFIG.md): an
+    async call that heartbeats runs past ``message_timeout`` as a sync one does, whether the
+    heartbeat comes from the handler's coroutine or from a thread it awaits
+    (``asyncio.to_thread``); the one that stops heartbeating is still cut off."""
+    import asyncio
+
+    from kworkers import activity
+
+    consumer = ScriptedConsumer(_msgs(3), [])
+    finished: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        beats = 10 if msg.offset == 1 else 0  # offset 1: 1 s of work, beating every 0.1 s
+        for _ in range(beats):
+            await asyncio.sleep(0.1)
+            if where == "loop":
+                activity.record_heartbeat(b"ckpt")
+            else:
+                await asyncio.to_thread(activity.record_heartbeat, b"ckpt")
+        if msg.offset == 2:
+            await asyncio.sleep(30)  # no heartbeat: past its deadline
+        finished.append(msg.offset)
+
+    sender = RecordingSender()
+    h = _Harness(consumer, handle, message_timeout=0.4, sender=sender)  # type: ignore[arg-type]
+    _run_until(h, lambda: bool(sender.sent)
+               and any(p.get(("t", 0)) == 3 for p, _ in consumer.commits))
+    assert finished == [0, 1], (finished, sender.sent)
+    assert [v for _t, v in sender.sent] == [b"2"], sender.sent
