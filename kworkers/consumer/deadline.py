@@ -3,7 +3,7 @@
 Python cannot stop a thread, so a sync handler past its deadline is left running and its lane
 is taken from it instead: the incarnation is bumped (the stuck runner's late result is fenced),
 and a fresh runner hands the record off as a ``TimeoutError`` attempt, then runs the rest of the
-lane. Async handlers are bounded by ``asyncio.timeout`` in their runtime and need no watchdog.
+lane. Async handlers are bounded by their runtime (``AsyncRuntime._sweep_deadlines``).
 """
 
 from __future__ import annotations

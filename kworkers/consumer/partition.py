@@ -8,7 +8,7 @@ meantime is recognised as stale by identity and fenced out.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kworkers.clock import Clock, SystemClock
@@ -46,9 +46,8 @@ class Lane:
     a method that finds it moved on does nothing.
     """
 
-    __slots__ = ("_batch", "_bound", "_bound_s", "_chunk", "_current", "_done",
-                 "_incarnation", "_on_touch", "_pos", "_queue", "_running", "_started", "lock",
-                 "part")
+    __slots__ = ("_batch", "_chunk", "_current", "_done", "_incarnation", "_pos", "_queue",
+                 "_running", "_started", "deadline_s", "lock", "part")
 
     def __init__(self, part: Partition) -> None:
         self.part = part
@@ -69,11 +68,9 @@ class Lane:
         #: offsets the current runner finished but has not reported yet; a revoke reads it so
         #: records done ahead of a slow one are committed, not redelivered
         self._done: Sequence[int] = ()
-        #: an async call's deadline (the runtime's ``asyncio.Timeout``), its length, and who
-        #: moves it on a heartbeat (``bind``): None while no async call with a deadline runs
-        self._bound: object | None = None
-        self._bound_s = 0.0
-        self._on_touch: Callable[[Lane], None] | None = None
+        #: the deadline of the async call running (the async runtime's; a heartbeat moves
+        #: its start: ``touch``)
+        self.deadline_s = 0.0
 
     # ------------------------------------------------------------------ reading
 
@@ -175,26 +172,10 @@ class Lane:
         self._current = self._chunk = None
 
     def touch(self) -> None:
-        """Restarts the current record's deadline (a heartbeat from the handler): the one the
-        deadline watchdog reads for a sync call, and an async call's own (``bind``)."""
+        """Restarts the current record's deadline (a heartbeat from the handler): what the
+        deadline watchdog reads for a sync call and the async runtime's sweep for an async
+        one."""
         self._started = self.part.clock.monotonic()
-        on_touch = self._on_touch
-        if on_touch is not None:
-            on_touch(self)
-
-    def bind(self, bound: object, seconds: float, on_touch: Callable[[Lane], None]) -> None:
-        """An async call bounded by ``bound`` (``seconds`` long) runs: a heartbeat calls
-        ``on_touch``, which moves it. Written and cleared on the event loop's thread."""
-        self._bound, self._bound_s, self._on_touch = bound, seconds, on_touch
-
-    def unbind(self) -> None:
-        self._on_touch = self._bound = None
-
-    @property
-    def bound(self) -> tuple[object, float] | None:
-        """The async call's deadline and its length, or None (the call ended meanwhile)."""
-        bound = self._bound
-        return None if bound is None else (bound, self._bound_s)
 
     def reporting(self, done: Sequence[int]) -> None:
         """The list the runner appends finished offsets to until it reports them."""

@@ -101,7 +101,7 @@ class Runner:
         self.clock = clock
         self.timeout = message_timeout
         #: sync handlers on threads are watched by the poll thread's deadline watchdog (async
-        #: ones are bounded by ``asyncio.timeout``, inline ones when their call returns)
+        #: ones by their runtime's deadline sweep, inline ones when their call returns)
         self.watched = (message_timeout is not None and not runtime.is_async
                         and not runtime.is_inline)
         #: where runners and the hand-off step report completions to the poll thread

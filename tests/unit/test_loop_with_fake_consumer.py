@@ -465,10 +465,11 @@ def test_async_handlers_interleaved_across_lanes_each_see_their_own_record(
 
 
 def test_an_async_deadline_runs_the_call_in_its_lanes_task_and_still_fires() -> None:
-    """A ``message_timeout`` bounds an async call in the lane's own task (``asyncio.timeout``),
-    not in a task made per call as ``asyncio.wait_for`` makes on Python 3.11: a task, its
-    context and a future per record in flight cost 40 % of the rate at 5,000 in flight
-    (issue #50). The record past its deadline is still a ``TimeoutError`` attempt, handed off."""
+    """A ``message_timeout`` bounds an async call in the lane's own task (the runtime's one
+    deadline sweep), not in a task made per call as ``asyncio.wait_for`` makes on Python 3.11:
+    a task, its context and a future per record in flight cost 40 % of the rate at 5,000 in
+    flight (issue #50). The record past its deadline is still a ``TimeoutError`` attempt,
+    handed off."""
     import asyncio
 
     consumer = ScriptedConsumer(_msgs(10), [])
@@ -521,3 +522,53 @@ def test_a_heartbeat_extends_an_async_calls_deadline(where: str) -> None:
                and any(p.get(("t", 0)) == 3 for p, _ in consumer.commits))
     assert finished == [0, 1], (finished, sender.sent)
     assert [v for _t, v in sender.sent] == [b"2"], sender.sent
+
+
+class _FailureSender(RecordingSender):
+    """Records each hand-off's error type and message too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[tuple[bytes | None, str, str]] = []
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None,
+             headers: Headers, done: Delivered) -> None:
+        from kworkers.retry_tiers.headers import ERROR_MESSAGE, ERROR_TYPE
+
+        got = dict(headers)
+        self.errors.append((value, got[ERROR_TYPE].decode(), got[ERROR_MESSAGE].decode()))
+        super().send(topic, key, value, headers, done)
+
+
+def test_an_async_deadline_swallowed_or_not_leaves_the_next_calls_deadline_whole() -> None:
+    """The deadline sweep's edges, one lane in order: a handler that swallows the cancel and
+    returns succeeds; one that swallows it and raises fails with its own error; a handler's
+    own ``TimeoutError`` is its own, not a deadline; and the lane's next call past its
+    deadline is still cut off (a cancel left counted on the task would never fire again)."""
+    import asyncio
+
+    consumer = ScriptedConsumer(_msgs(4), [])
+    finished: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        if msg.offset in (0, 1):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                if msg.offset == 1:
+                    raise ValueError("raised after the cancel") from None
+        elif msg.offset == 2:
+            raise TimeoutError("the handler's own timeout")
+        else:
+            await asyncio.sleep(30)
+        finished.append(msg.offset)
+
+    sender = _FailureSender()
+    h = _Harness(consumer, handle, message_timeout=0.2, sender=sender)  # type: ignore[arg-type]
+    _run_until(h, lambda: len(sender.errors) >= 3
+               and any(p.get(("t", 0)) == 4 for p, _ in consumer.commits))
+    assert finished == [0], (finished, sender.errors)
+    assert sender.errors == [
+        (b"1", "ValueError", "raised after the cancel"),
+        (b"2", "TimeoutError", "the handler's own timeout"),
+        (b"3", "TimeoutError", "handler exceeded its 0.2s deadline")], sender.errors
