@@ -465,41 +465,14 @@ class AsyncRuntime:
 
     # ------------------------------------------------------------------ deadlines
 
-    async def _bounded_call(self, coro: Any, lane: Lane, timeout: float) -> None:
-        """Awaits a handler call past whose deadline (``timeout`` from its start or its last
-        heartbeat) it is cancelled, and then raises ``TimeoutError``.
-
-        One timer for every call (``_sweep``), not one per call: ``asyncio.wait_for`` made a
-        task per call on Python 3.11 (40 % of the rate at 5,000 in flight with a deadline),
-        ``asyncio.timeout`` a timer, its handle and a copied context per call (a quarter of
-        it). The call runs in the lane's own task, which the sweep cancels; a cancel that was
-        not the sweep's (a shutdown) is never taken for a deadline."""
-        task = cast("asyncio.Task[None]", asyncio.current_task())
-        bounded, expired = self._bounded, self._expired
-        lane.deadline_s = timeout
-        bounded[lane] = task
+    def _arm(self, timeout: float) -> None:
+        """A call whose deadline is ``timeout`` starts with no sweep armed, or with a deadline
+        shorter than any before (the sweep armed may be later than it): arm it for then."""
         if timeout < self._shortest:
             self._shortest = timeout
-        sweep = self._sweep
-        if sweep is None or sweep.when() > self.loop.time() + timeout + SWEEP_MIN_S:
-            # none armed, or armed for later than this call's deadline (a shorter one's)
-            if sweep is not None:
-                sweep.cancel()
-            self._sweep = self.loop.call_later(timeout, self._sweep_deadlines)
-        try:
-            await coro
-        except asyncio.CancelledError:
-            if lane not in expired:
-                raise
-            expired.discard(lane)
-            if task.uncancel() > 0:
-                raise  # cancelled from elsewhere as well: that cancel wins
-            raise TimeoutError(f"handler exceeded its {timeout}s deadline") from None
-        finally:
-            del bounded[lane]
-            if lane in expired:  # the handler swallowed the cancel: its own outcome holds
-                expired.discard(lane)
-                task.uncancel()
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep = self.loop.call_later(timeout, self._sweep_deadlines)
 
     def _sweep_deadlines(self) -> None:
         """Cancels the calls past their deadline; then sleeps until the next one's. Calls are
@@ -541,6 +514,10 @@ class AsyncRuntime:
         timeout = runner.timeout
         handler, invoke, ps = runner.handler, runner.invoke, lane.part
         running, since, now = self._running, self._since, self.clock.monotonic
+        bounded, expired = self._bounded, self._expired
+        if timeout is not None:
+            task = cast("asyncio.Task[None]", asyncio.current_task())
+            lane.deadline_s = timeout
         try:
             req = next(steps)
             while True:
@@ -571,10 +548,34 @@ class AsyncRuntime:
                         since[lane] = now()
                         try:
                             coro = invoke(handler, req)
-                            if timeout is not None:
-                                await self._bounded_call(coro, lane, timeout)
-                            else:
+                            if timeout is None:
                                 await coro
+                            else:
+                                # Past its deadline (from its start or its last heartbeat)
+                                # the sweep cancels this task and the call raises
+                                # TimeoutError. One sweep for every call, not a timer per
+                                # call (``asyncio.timeout``: a handle, a context and a
+                                # ``Timeout`` each) nor a task (``asyncio.wait_for`` on 3.11):
+                                # objects per record in flight for the collector (issue #50).
+                                # Here, not in a coroutine of its own: one more per call.
+                                bounded[lane] = task
+                                if self._sweep is None or timeout < self._shortest:
+                                    self._arm(timeout)
+                                try:
+                                    await coro
+                                except asyncio.CancelledError:
+                                    if lane not in expired:
+                                        raise
+                                    expired.discard(lane)
+                                    if task.uncancel() > 0:
+                                        raise  # cancelled from elsewhere too: that one wins
+                                    raise TimeoutError(
+                                        f"handler exceeded its {timeout}s deadline") from None
+                                finally:
+                                    del bounded[lane]
+                                    if lane in expired:  # a swallowed cancel: the call's
+                                        expired.discard(lane)  # own outcome holds
+                                        task.uncancel()
                         finally:
                             del running[lane], since[lane]
                             left = calls[tp] - 1
