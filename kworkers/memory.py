@@ -123,7 +123,8 @@ def hand_off_bytes(in_flight_bytes: int) -> int:
 _KEY, _VALUE, _HEADERS = itemgetter(3), itemgetter(4), itemgetter(5)
 
 
-def _header_bytes(headers: Headers) -> int:
+def header_bytes(headers: Headers) -> int:
+    """Headers' names and values, and ``HEADER_COST`` each."""
     if not headers:
         return 0
     return sum(map(len, chain.from_iterable(headers))) + HEADER_COST * len(headers)
@@ -131,7 +132,7 @@ def _header_bytes(headers: Headers) -> int:
 
 def message_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> int:
     """One record's key, value and headers, as ``record_sizes`` counts them."""
-    return (len(key) if key else 0) + (len(value) if value else 0) + _header_bytes(headers)
+    return (len(key) if key else 0) + (len(value) if value else 0) + header_bytes(headers)
 
 
 def record_sizes(records: Sequence[Message]) -> Iterable[int]:
@@ -141,7 +142,7 @@ def record_sizes(records: Sequence[Message]) -> Iterable[int]:
     sizes: Iterable[int] = map(add, map(length_hint, map(_VALUE, records)),
                                map(length_hint, map(_KEY, records)))
     if any(map(_HEADERS, records)):
-        sizes = map(add, sizes, map(_header_bytes, map(_HEADERS, records)))
+        sizes = map(add, sizes, map(header_bytes, map(_HEADERS, records)))
     return sizes
 
 

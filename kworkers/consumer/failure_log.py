@@ -29,9 +29,9 @@ class FailureLog:
         self._refused: Counter[tuple[str, str]] = Counter()  # (destination topic, error)
         self._since = clock.monotonic()
 
-    def handed(self, error_type: str, topic: str) -> None:
+    def handed(self, error_type: str, topic: str, n: int = 1) -> None:
         with self._lock:
-            self._handed[(error_type, topic)] += 1
+            self._handed[(error_type, topic)] += n
 
     def refused(self, topic: str, error: str) -> None:
         """A hand-off the broker did not acknowledge (it is retried; the offset waits)."""

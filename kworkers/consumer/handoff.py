@@ -106,7 +106,8 @@ class _Pending:
         self.plan = plan
         self.rec = rec
         #: what the producer holds of it until acknowledged (counted once, at the send)
-        self.size = message_bytes(plan.key, plan.value, plan.headers)
+        self.size = (message_bytes(plan.key, plan.value, plan.headers)
+                     if isinstance(plan, Output) else plan.size)
         self.misses = 0
         self.wait = FIRST_WAIT_S
         self.blocked = False
@@ -225,7 +226,6 @@ class HandOffStep:
             self._pending += 1
             self._pending_bytes += pending.size
             ps.handoffs += 1  # inline under the lock: see ``Partition.handoffs``
-        self.failures.handed(plan.decision.error_type, plan.topic)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s/%d@%d attempt %d failed (%s: %s) -> %s %s", msg.topic, msg.partition,
                       msg.offset, msg.attempt, type(exc).__name__, str(exc)[:200],
@@ -293,7 +293,7 @@ class HandOffStep:
         if not acks:  # every step of every loop asks; most have nothing
             return []
         done: dict[Partition, tuple[list[int], list[int]]] = {}
-        counts: dict[tuple[bool, str], int] = {}
+        counts: dict[tuple[bool, str, str, str], int] = {}
         try:
             while True:
                 p = acks.popleft()
@@ -305,12 +305,13 @@ class HandOffStep:
                 entry[0].append(p.msg.offset)
                 retried = plan.destination.retried
                 entry[1][0 if retried else 1] += 1
-                what = (retried, plan.label)
+                what = (retried, plan.label, plan.decision.error_type, plan.topic)
                 counts[what] = counts.get(what, 0) + 1
         except IndexError:
             pass
-        for (retried, label), n in counts.items():
+        for (retried, label, error_type, topic), n in counts.items():
             self._counter(retried, label).inc(n)
+            self.failures.handed(error_type, topic, n)
         return [Completion(ps, offsets, n[0], n[1], 0.0, 0) for ps, (offsets, n) in done.items()]
 
     def _counter(self, retried: bool, label: str) -> Any:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from kworkers.errors import DecodeError
+from kworkers.memory import HEADER_COST, header_bytes
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers.routing import DeadLetterDecision, RetryDecision
 from kworkers.topic_names import is_legal_topic, is_tier_topic, source_topic_of
@@ -365,6 +366,27 @@ def origin_of(msg: Message) -> Origin:
     )
 
 
+#: Header pairs that repeat from record to record, made once: a topic's (a worker reads few;
+#: bounded all the same) and the current millisecond's failure times (a storm fails thousands
+#: of records in one). Shared by every router of the process: each is a pure function of its
+#: key, so two threads racing only make one twice.
+_PAIRS_LIMIT = 1024
+_TOPIC_PAIRS: dict[str, tuple[tuple[str, bytes], int]] = {}
+_NOW_PAIRS: list[tuple[int, tuple[str, bytes], int, tuple[str, bytes], int]] = [
+    (-1, (FIRST_FAILURE_AT, b""), 0, (LAST_FAILURE_AT, b""), 0)]
+#: what each per-record header costs the byte bound beyond its value (``memory.header_bytes``:
+#: its name and ``HEADER_COST``), so a retry's headers are sized as they are built, not walked
+#: again (``FailureHeaders.retry``)
+_PARTITION_COST = HEADER_COST + len(ORIGINAL_PARTITION)
+_OFFSET_COST = HEADER_COST + len(ORIGINAL_OFFSET)
+_TIMESTAMP_COST = HEADER_COST + len(ORIGINAL_TIMESTAMP)
+_TOPIC_ID_COST = HEADER_COST + len(ORIGINAL_TOPIC_ID)
+_FIRST_COST = HEADER_COST + len(FIRST_FAILURE_AT)
+_REDRIVE_COST = HEADER_COST + len(REDRIVE_OF)
+_DUE_COST = HEADER_COST + len(DUE_AT)
+_CHECKPOINT_COST = HEADER_COST + len(CHECKPOINT)
+
+
 class FailureHeaders:
     """The failure headers of one (group, attempt, error type, error message), encoded once.
 
@@ -374,7 +396,7 @@ class FailureHeaders:
     own. ``retry_headers`` and ``dead_letter_headers`` are the same thing built for one record.
     """
 
-    __slots__ = ("_attempt", "_dead", "_error", "_group")
+    __slots__ = ("_attempt", "_dead", "_error", "_fixed", "_group")
 
     def __init__(self, group: str, attempt: int, error_type: str, error_message: str) -> None:
         self._attempt = (ATTEMPT, str(attempt).encode())
@@ -383,50 +405,82 @@ class FailureHeaders:
         self._error = ((ERROR_TYPE, etype), (ERROR_MESSAGE, emsg))
         self._dead = ((SPRING_ORIGINAL_CONSUMER_GROUP, self._group[1]),
                       (SPRING_EXCEPTION_FQCN, etype), (SPRING_EXCEPTION_MESSAGE, emsg))
+        #: the bytes of the headers every record of this failure gets alike
+        self._fixed = header_bytes((self._attempt, self._group, *self._error))
 
     def _own(self, msg: Message, now: float, origin: Origin | None
-             ) -> tuple[Origin, list[tuple[str, bytes]]]:
+             ) -> tuple[Origin, list[tuple[str, bytes]], int]:
+        """Where the work began, the failure headers a retry and a dead letter share, and
+        their bytes as ``memory.header_bytes`` counts them."""
         o = origin_of(msg) if origin is None else origin
+        got = _TOPIC_PAIRS.get(o.topic)
+        if got is None:
+            if len(_TOPIC_PAIRS) >= _PAIRS_LIMIT:
+                _TOPIC_PAIRS.clear()
+            pair = (ORIGINAL_TOPIC, _enc(o.topic))
+            got = _TOPIC_PAIRS[o.topic] = (pair, header_bytes((pair,)))
+        partition, offset = b"%d" % o.partition, b"%d" % o.offset
         out: list[tuple[str, bytes]] = [
-            self._attempt,
-            (ORIGINAL_TOPIC, _enc(o.topic)),
-            (ORIGINAL_PARTITION, b"%d" % o.partition),
-            (ORIGINAL_OFFSET, b"%d" % o.offset),
+            self._attempt, got[0], (ORIGINAL_PARTITION, partition), (ORIGINAL_OFFSET, offset),
         ]
+        size = (self._fixed + got[1] + _PARTITION_COST + len(partition) + _OFFSET_COST
+                + len(offset))
         if o.timestamp_ms is not None:
-            out.append((ORIGINAL_TIMESTAMP, b"%d" % o.timestamp_ms))
+            ts = b"%d" % o.timestamp_ms
+            out.append((ORIGINAL_TIMESTAMP, ts))
+            size += _TIMESTAMP_COST + len(ts)
         if o.topic_id is not None:
-            out.append((ORIGINAL_TOPIC_ID, o.topic_id.encode()))
-        last = b"%d" % _ms(now)
-        out += [
-            self._group,
-            (FIRST_FAILURE_AT, last if o.first_failure_at is None
-             else b"%d" % _ms(o.first_failure_at)),
-            (LAST_FAILURE_AT, last),
-            *self._error,
-        ]
+            topic_id = o.topic_id.encode()
+            out.append((ORIGINAL_TOPIC_ID, topic_id))
+            size += _TOPIC_ID_COST + len(topic_id)
+        out.append(self._group)
+        ms = round(now * 1000)
+        at = _NOW_PAIRS[0]
+        if at[0] != ms:
+            last = b"%d" % ms
+            first_pair, last_pair = (FIRST_FAILURE_AT, last), (LAST_FAILURE_AT, last)
+            at = _NOW_PAIRS[0] = (ms, first_pair, header_bytes((first_pair,)),
+                                  last_pair, header_bytes((last_pair,)))
+        if o.first_failure_at is None:
+            out += (at[1], at[3], *self._error)
+            size += at[2] + at[4]
+        else:
+            first = b"%d" % _ms(o.first_failure_at)
+            out += ((FIRST_FAILURE_AT, first), at[3], *self._error)
+            size += _FIRST_COST + len(first) + at[4]
         # A redriven record keeps naming the dead letter it came from until it is redriven
         # again.
         redrive_of = last_value(msg.headers, REDRIVE_OF) if msg.headers else None
         if redrive_of is not None:
-            out.append((REDRIVE_OF, redrive_of[:MAX_HEADER_VALUE]))
-        return o, out
+            redrive_of = redrive_of[:MAX_HEADER_VALUE]
+            out.append((REDRIVE_OF, redrive_of))
+            size += _REDRIVE_COST + len(redrive_of)
+        return o, out, size
 
     def retry(self, msg: Message, now: float, due_at: float,
-              origin: Origin | None = None, checkpoint: bytes | None = None) -> Headers:
+              origin: Origin | None = None, checkpoint: bytes | None = None
+              ) -> tuple[Headers, int]:
         """User headers, then the failure so far and the due time (see ``retry_headers``);
         the failed attempt's last heartbeat details when there are any (too large for a header:
-        left out, the store keeps them if there is one)."""
-        _, own = self._own(msg, now, origin)
-        own.append((DUE_AT, b"%d" % _ms_up(due_at)))
+        left out, the store keeps them if there is one). With their bytes as
+        ``memory.header_bytes`` counts them: sized as they are built, since a storm hands off
+        every record and walking them again cost a tenth of a failed record's CPU."""
+        _, own, size = self._own(msg, now, origin)
+        due = b"%d" % _ms_up(due_at)
+        own.append((DUE_AT, due))
+        size += _DUE_COST + len(due)
         if checkpoint is not None and len(checkpoint) <= MAX_HEADER_VALUE:
             own.append((CHECKPOINT, checkpoint))
-        return (*user_headers(msg.headers), *own)
+            size += _CHECKPOINT_COST + len(checkpoint)
+        if not msg.headers:
+            return tuple(own), size
+        user = user_headers(msg.headers)
+        return (*user, *own), size + header_bytes(user)
 
     def dead(self, msg: Message, now: float, reason: str,
              origin: Origin | None = None) -> Headers:
         """User headers, the failure, then Spring's DLT aliases (see ``dead_letter_headers``)."""
-        o, own = self._own(msg, now, origin)
+        o, own, _ = self._own(msg, now, origin)
         own += [
             (DEAD_LETTERED_AT, b"%d" % _ms(now)),
             (DLQ_REASON, reason.encode()),
@@ -448,7 +502,7 @@ def retry_headers(msg: Message, group: str, decision: RetryDecision, now: float,
     ``origin``: where the work began, when the caller knows more than ``origin_of(msg)``
     (the topic id, a redriven record's dead letter)."""
     return FailureHeaders(group, decision.next_attempt, decision.error_type,
-                          decision.error_message).retry(msg, now, decision.due_at, origin)
+                          decision.error_message).retry(msg, now, decision.due_at, origin)[0]
 
 
 def dead_letter_headers(

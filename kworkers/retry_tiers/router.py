@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 
 from kworkers.clock import Clock
 from kworkers.errors import checkpoint_of, failure_message, failure_type
+from kworkers.memory import header_bytes, message_bytes
 from kworkers.message import Headers, Message
 from kworkers.retry_tiers.destinations import DLQ, RETRY, Destination, Route
 from kworkers.retry_tiers.headers import (
@@ -63,6 +64,9 @@ class HandOff(NamedTuple):
     headers: Headers
     decision: RetryDecision | DeadLetterDecision
     label: str  # the tier label, or the error type for any other destination (metrics)
+    #: what the producer holds of it until acknowledged: ``memory.message_bytes`` of its key,
+    #: value and headers (the hand-off step's byte bound)
+    size: int
 
 
 class FailureRouter:
@@ -127,9 +131,9 @@ class FailureRouter:
                 dead = DeadLetterDecision(msg.attempt, "non_retryable", error_type,
                                           error_message)
                 headers = FailureHeaders(self.group, msg.attempt, error_type, error_message)
-                return HandOff(where, topic, msg.key, msg.value,
-                               headers.dead(msg, now, where.label, self._origin(msg))
-                               + failure_headers(exc), dead, error_type)
+                return _dead(where, topic, msg,
+                             headers.dead(msg, now, where.label, self._origin(msg))
+                             + failure_headers(exc), dead, error_type)
         return None
 
     def _rung(self, attempt: int, error_type: str, error_message: str,
@@ -168,12 +172,28 @@ class FailureRouter:
                   checkpoint: bytes | None = None, extra: Headers = ()) -> HandOff:
         origin = self._origin(msg)
         if isinstance(decision, RetryDecision):
-            return HandOff(RETRY, decision.tier.topic, msg.key, msg.value,
-                           headers.retry(msg, now, decision.due_at, origin, checkpoint) + extra,
-                           decision, decision.tier.label)
-        return HandOff(DLQ, self.ladder.dlq_topic(source), msg.key, msg.value,
-                       headers.dead(msg, now, decision.reason, origin) + extra, decision,
-                       decision.error_type)
+            own, size = headers.retry(msg, now, decision.due_at, origin, checkpoint)
+            key, value = msg.key, msg.value
+            if key:
+                size += len(key)
+            if value:
+                size += len(value)
+            if extra:
+                own += extra
+                size += header_bytes(extra)
+            return HandOff(RETRY, decision.tier.topic, key, value, own, decision,
+                           decision.tier.label, size)
+        return _dead(DLQ, self.ladder.dlq_topic(source), msg,
+                     headers.dead(msg, now, decision.reason, origin) + extra, decision,
+                     decision.error_type)
+
+
+def _dead(where: Destination, topic: str, msg: Message, headers: Headers,
+          decision: DeadLetterDecision, label: str) -> HandOff:
+    """A hand-off as a dead letter (sized by walking its headers: a retry's are sized as they
+    are built, ``FailureHeaders.retry``)."""
+    return HandOff(where, topic, msg.key, msg.value, headers, decision, label,
+                   message_bytes(msg.key, msg.value, headers))
 
 
 def failure_headers(exc: BaseException) -> Headers:

@@ -222,3 +222,26 @@ def test_the_first_acknowledgement_of_a_burst_wakes_the_poll_thread_once() -> No
     sender.sent[3][1].set_result(None)
     assert done.qsize() == 1 and done.get_nowait()[1] == []
     assert [c[1] for c in step.acknowledged()] == [[3]] and step.acknowledged() == []
+
+
+def test_the_failure_summary_counts_hand_offs_once_acknowledged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The storm's WARNING says how many failed attempts were handed off, of which type, to
+    where: counted on the poll thread as the acknowledgements are taken (no lock per record on
+    the handler's thread), so a hand-off not yet acknowledged, or refused, is not in it yet."""
+    step, sender, done, _sup, _clock, _m = _step()
+    ps = PartitionState("orders", 0)
+    for o in range(5):
+        assert step.submit(ps, _msg(o), ValueError("down"))
+    assert step.submit(ps, _msg(5), KeyError("gone"))
+    for i in (0, 1, 2, 5):
+        sender.sent[i][1].set_result(None)
+    sender.sent[3][1].set_exception(Refused("transient"))
+    _drain(done, step)
+    with caplog.at_level("WARNING", logger="kworkers.handoff"):
+        step.failures.flush(force=True)
+    summary = [r.getMessage() for r in caplog.records if "handed off" in r.getMessage()]
+    assert len(summary) == 1, caplog.text
+    assert "4 failed attempts" in summary[0]
+    assert "ValueError -> orders.retry.1s x3" in summary[0]
+    assert "KeyError -> orders.retry.1s x1" in summary[0]
