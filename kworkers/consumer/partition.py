@@ -230,8 +230,8 @@ class Partition:
     ``SharePartition`` (records lent one by one) build on it.
     """
 
-    __slots__ = ("clock", "fenced", "halted", "handoffs", "lanes", "partition", "progress_at",
-                 "revoking", "topic", "tp")
+    __slots__ = ("clock", "fenced", "halted", "lanes", "partition", "progress_at", "revoking",
+                 "topic", "tp", "unacked")
 
     def __init__(self, topic: str, partition: int, clock: Clock = _SYSTEM_CLOCK) -> None:
         #: the worker's clock: deadlines of this partition's lanes are measured on it
@@ -248,21 +248,25 @@ class Partition:
         #: set while the member is fenced (``consumer.fencing``): runners start no further
         #: record and put what they hold back in the lane; cleared when contact returns
         self.fenced = False
-        #: hand-offs sent and not yet acknowledged: the one field written outside this class,
-        #: by the hand-off step, inline under its lock. A method call there gave the
-        #: interpreter a point to switch threads while the lock was held: with 8 handler
-        #: threads failing every record, CPU per failed record rose 12 -> 15-23 us
-        #: (``benchmarks handoff_cpu``, 4 alternated rounds, 2026-12-05)
-        self.handoffs = 0
+        #: one entry per hand-off (or output) sent and not yet acknowledged: the one field
+        #: written outside this class, by the hand-off step, from runner threads (appends) and
+        #: delivery reports (pops) without a lock (each one step under the GIL; see
+        #: ``HandOffStep``); ``handoffs`` is its length
+        self.unacked: list[None] = []
         #: when the partition last made progress (assigned, records completed, or work
         #: dispatched while it held none): what the stall detector measures an idle partition
         #: from (``kworkers.consumer.stall``)
         self.progress_at = clock.monotonic()
 
+    @property
+    def handoffs(self) -> int:
+        """Hand-offs and outputs sent and not yet acknowledged."""
+        return len(self.unacked)
+
     def all_lanes(self) -> list[Lane]:
         return list(self.lanes.values())
 
-    # The flags change only here (``handoffs`` aside, see above). Each setter is one attribute
+    # The flags change only here (``unacked`` aside, see above). Each setter is one attribute
     # store (atomic under the GIL): safe from any thread; ``mark_halted`` from a signal handler
     # too, which ``halt`` is not (it drops lane queues, the poll thread's).
 

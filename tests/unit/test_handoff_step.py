@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from concurrent.futures import Future
 from queue import SimpleQueue
 
@@ -186,7 +188,7 @@ def test_past_the_byte_limit_a_runner_waits_and_a_larger_record_still_goes_alone
     second.join(5)
     assert not second.is_alive() and len(sender.sent) == 2
     sender.sent[1][1].set_result(None)
-    assert step.has_room() and step._pending_bytes == 0  # every byte counted back
+    assert step.has_room() and step.pending_bytes == 0  # every byte counted back
 
 
 @pytest.mark.parametrize(("code", "kind"), [
@@ -245,3 +247,119 @@ def test_the_failure_summary_counts_hand_offs_once_acknowledged(
     assert "4 failed attempts" in summary[0]
     assert "ValueError -> orders.retry.1s x3" in summary[0]
     assert "KeyError -> orders.retry.1s x1" in summary[0]
+
+
+class _AckingSender:
+    """Acknowledges every send from two threads of its own, in the order sent (delivery
+    reports served from two threads at once, as the producer's own thread and a sending
+    thread's ``poll(0)`` do)."""
+
+    def __init__(self) -> None:
+        self.q: SimpleQueue[Delivered | None] = SimpleQueue()
+        self.threads = [threading.Thread(target=self._serve, daemon=True) for _ in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None,
+             headers: Headers, done: Delivered) -> None:
+        self.q.put(done)
+
+    def _serve(self) -> None:
+        while (done := self.q.get()) is not None:
+            done(None)
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.q.put(None)
+        for t in self.threads:
+            t.join(10)
+
+
+class _NoFoldLock:
+    """A fold 'lock' every thread gets: two threads fold at once (the canary below)."""
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
+def _storm_of_hand_offs(step: HandOffStep, sender: _AckingSender, done: SimpleQueue[Completion],
+                        parts: list[PartitionState], threads: int, each: int
+                        ) -> tuple[list[int], int]:
+    """``threads`` runners each hand ``each`` records off, acknowledged as they go; what the
+    poll thread took back (offsets), and the most unacknowledged seen at once."""
+    seen = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen[0] = max(seen[0], step.pending)
+
+    def run(t: int) -> None:
+        for i in range(each):
+            ps = parts[i % len(parts)]
+            assert step.submit(ps, _msg(t * each + i)._replace(partition=ps.partition,
+                                                              value=b"v" * (i % 50)),
+                               ValueError("down"))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch at every chance: interleavings, not luck
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        runners = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+        for r in runners:
+            r.start()
+        for r in runners:
+            r.join(60)
+        end = time.monotonic() + 30
+        while step.pending and time.monotonic() < end:
+            time.sleep(0.01)
+    finally:
+        sys.setswitchinterval(old)
+        stop.set()
+        watcher.join(10)
+        sender.close()
+    offsets = [o for _ps, offs, _r, _d, _t, _c in step.acknowledged() for o in offs]
+    while not done.empty():
+        offsets += done.get_nowait().offsets
+    return offsets, seen[0]
+
+
+def _acking_step(limit: int) -> tuple[HandOffStep, _AckingSender, SimpleQueue[Completion]]:
+    clock = FakeClock(1000.0)
+    sender, done = _AckingSender(), SimpleQueue[Completion]()
+    router = FailureRouter(RetryPolicy(initial=1, max_attempts=3), TierLadder((1.0, 5.0)), "g",
+                           no_jitter, clock)
+    step = HandOffStep(router, sender, Metrics(), "g", done, clock, threading.Event(),
+                       Supervisor(), lambda e: "transient", limit, 20_000)
+    return step, sender, done
+
+
+def test_hand_offs_from_many_threads_count_back_to_zero_without_a_lock() -> None:
+    """Runners send and delivery reports release without a lock (it was the failure path's
+    worst contention): from 8 runners and 2 reporting threads, switching threads at every
+    chance, every hand-off is taken back once, every count and byte returns to zero, and the
+    bounds are kept (a runner past its room check may send: at most one per runner over)."""
+    step, sender, done = _acking_step(limit=20)
+    parts = [PartitionState("orders", p) for p in range(3)]
+    offsets, most = _storm_of_hand_offs(step, sender, done, parts, threads=8, each=400)
+    assert sorted(offsets) == list(range(8 * 400))  # each once: none lost, none twice
+    assert step.pending == 0 and step.pending_bytes == 0
+    assert [ps.handoffs for ps in parts] == [0, 0, 0] and not any(ps.busy() for ps in parts)
+    assert 0 < most <= 20 + 8
+
+
+def test_canary_two_threads_folding_the_bytes_at_once_lose_some() -> None:
+    """The check above catches a fold of the sizes that two threads run at once (each reads
+    the total, takes some sizes, writes its own total back: one overwrites the other)."""
+    for _ in range(5):
+        step, sender, done = _acking_step(limit=20)
+        step._fold = _NoFoldLock()  # type: ignore[assignment]
+        parts = [PartitionState("orders", p) for p in range(3)]
+        _storm_of_hand_offs(step, sender, done, parts, threads=8, each=400)
+        if step.pending_bytes != 0:
+            return
+    pytest.fail("five storms folded by every thread at once never lost a byte")
