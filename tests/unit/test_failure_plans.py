@@ -132,7 +132,7 @@ class _Keys:
         return o._replace(topic_id=self.topic_id)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(headers=_headers, key=st.none() | st.binary(max_size=30),
        value=st.none() | st.binary(max_size=30), timestamp=st.none() | st.integers(0, 2**41),
        checkpoint=st.none() | st.binary(max_size=60),
