@@ -30,6 +30,7 @@ from kworkers import ConfigError, Message, RetryPolicy, TierLadder, Worker, Work
 from kworkers.deploy import render
 from kworkers.errors import WorkerFailed
 from kworkers.kafka.admin import admin_client, create_topics, existing_topics
+from kworkers.kafka.settings import ClientSettings
 from kworkers.testing.broker import broker_from_env, free_port
 from kworkers.testing.checker import committed
 from kworkers.testing.workload import (
@@ -329,6 +330,10 @@ def test_where_acls_refuse_creation_the_error_stays_clear(sasl_cluster: SaslClus
     plain, prefix = sasl_cluster.plain, unique("acl")
     topic = make_topic(plain, f"{prefix}-src", 2)
     _grant(plain, prefix, AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE)
+    # the grant takes effect a moment later: until bob may describe the source, it reads as
+    # missing too and the error names only it (ci90: "source topic missing on ...")
+    bob = admin_client(ClientSettings(sasl_cluster.sasl, security=sasl(BOB_SECRET, "bob")))
+    wait_for(lambda: topic in existing_topics(bob), 30, "bob sees the source topic")
     w = Worker(topics=[topic], group_id=f"{prefix}-g", bootstrap_servers=sasl_cluster.sasl,
                client_config=sasl(BOB_SECRET, "bob"), tiers=TierLadder((1.0,)))
     w.handler(lambda msg: None)
