@@ -176,7 +176,12 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
     w.create_topics()
     metrics_http = MetricsServer(w.metrics, 0, "127.0.0.1").start()
     commits = CommitSampler(bs, group, topic).start()
-    waits: list[float] = []
+    def waits() -> list[float]:
+        """The waits the worker's committer scheduled, in loop time (partition mode): its own
+        list, read, never replaced (a list put in once the worker ran missed the short pause's
+        waits when record 100 came first: ci95, 'no commit attempt timed out')."""
+        return list(cast(Committer, cast(Processor, w.loops[0]).committer).waits)
+
     #: read by the handler of 200 once the short pause's commits are over: (waits, committed)
     short: list[tuple[list[float], int]] = []
     began: dict[str, float] = {}
@@ -201,13 +206,11 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
             # that committed is over by then (one periodic run at a time): its waits are in.
             wait_for(lambda: committed(bs, group, topic).get(0, 0) > 100, 60,
                      "the short pause ridden out: a commit past 100")
-            short.append((list(waits), committed(bs, group, topic)[0]))
+            short.append((waits(), committed(bs, group, topic)[0]))
             began.setdefault("long", time.time())
             pauser.pause("long", LONG_PAUSE_S)
 
     with running(w):
-        # the waits it schedules, in loop time (partition mode, at least once)
-        cast(Committer, cast(Processor, w.loops[0]).committer).waits = waits
         wait_for(lambda: "short" in pauser.resumed and pauser.resumed["short"].is_set(), 120,
                  "the short pause")
         wait_for(lambda: ledger.applications().get("199") == 1, 60, "work after the pause")
@@ -220,9 +223,9 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
     metrics_http.close()
     report = check(ledger, log=read_log(bs, topic), faults=faults.faults,
                    commits=commits.stop())
-    print(f"{report.summary()} waits={waits} metrics={metrics} sampler gaps {commits.gaps}")
+    print(f"{report.summary()} waits={waits()} metrics={metrics} sampler gaps {commits.gaps}")
     waits_short, after_short = short[0]
-    return PauseRun(report, waits_short, list(waits), after_short, metrics, ledger, topic,
+    return PauseRun(report, waits_short, waits(), after_short, metrics, ledger, topic,
                     began["short"], began["long"], end_at, committed(bs, group, topic)[0])
 
 
