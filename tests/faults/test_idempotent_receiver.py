@@ -55,12 +55,18 @@ REDIS_LEASE_S = 8
 SESSION_S = 6.0
 
 
-def _until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None], what: str) -> None:
+def _until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None], what: str,
+           where: Callable[[], str] | None = None) -> None:
+    """Waits for ``cond``; past ``timeout`` fails saying ``what`` it waited for and, with
+    ``where``, where each part of it stood (keep ``timeout`` under pytest's own 300 s: a test
+    cut off by pytest-timeout says only where its thread slept, ci100)."""
     import time
 
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
+                                 + (f": {where()}" if where is not None else ""))
         tick()
         time.sleep(0.2)
 
@@ -272,11 +278,33 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
                 faults.record("broker SIGKILL and restart")
                 restarted = True
 
-        _until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted
-               and fired_by(markers) <= victims() and _committed_all(commits, n),
-               full_size(1800, 420),
-               chaos, "every activity, the kills, a broker restart and the whole topic "
-                      "committed")
+        def parts() -> str:
+            return (f"applied {len(set(ledger.applications()) & keys)} of {len(keys)} keys, "
+                    f"kills {kills} of {kill_count}, broker restarted {restarted}, kill points "
+                    f"fired by {sorted(fired_by(markers))} against victims {sorted(victims())}, "
+                    f"workers alive {[w.alive for w in workers]}")
+
+        def stood() -> str:
+            try:
+                committed = commits.sample(10.0).positions
+            except Exception as exc:  # the broker down: say so, keep the rest
+                return f"committed positions unreadable ({exc}); " + parts()
+            return (parts() + f", committed {sum(max(0, p) for p in committed.values())} of "
+                    f"{n} ({dict(sorted(committed.items()))})")
+
+        try:
+            # 240 s in CI: under pytest's 300 s, so a stuck run says which part is missing
+            # (ci100: cut off by pytest-timeout at 300 s with the old 420 s budget, where the
+            # run takes 35-66 s)
+            _until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted
+                   and fired_by(markers) <= victims() and _committed_all(commits, n),
+                   full_size(1800, 240),
+                   chaos, "every activity, the kills, a broker restart and the whole topic "
+                          "committed", stood)
+        except AssertionError:
+            print(f"faults: {faults.faults}")
+            print(story((w.log_path.stem, w.log()) for w in workers))
+            raise
         for w in workers:
             w.terminate()
         samples = commits.stop()
