@@ -1,5 +1,6 @@
-"""Shared by the fault tests: where the idempotency stores are, the lease mode's limit, and a
-worker process read from outside (its /healthz, its memory from /proc)."""
+"""Shared by the fault tests: where the idempotency stores are, the lease mode's limit, a
+worker process read from outside (its /healthz, its memory from /proc), and the bounded wait
+their chaos loops run in."""
 
 from __future__ import annotations
 
@@ -16,6 +17,21 @@ from kworkers.testing.instruments import KillPoint
 from kworkers.testing.ledger import Delivery, Effect
 
 STORE_ENV = {"postgres": "KWORKERS_PG_DSN", "redis": "KWORKERS_REDIS_URL"}
+
+
+def until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None], what: str,
+          where: Callable[[], str] | None = None) -> None:
+    """Polls ``cond``, running ``tick`` (the test's chaos or revival) between polls; past
+    ``timeout`` fails saying ``what`` it waited for and, with ``where``, where each part of it
+    stood. Keep ``timeout`` under the test's pytest timeout: a test cut off by pytest-timeout
+    says only where its thread slept (ci100)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
+                                 + (f": {where()}" if where is not None else ""))
+        tick()
+        time.sleep(0.2)
 
 
 def store_url(kind: str, tmp: Path) -> str:

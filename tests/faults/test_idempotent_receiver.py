@@ -38,6 +38,7 @@ from tests.faults.support import (
     killed_between_effect_and_complete,
     store_url,
     story,
+    until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -53,22 +54,6 @@ def _produce_activities(bs: str, topic: str, n: int, prefix: str) -> set[str]:
 REDIS_LEASE_S = 8
 #: the workers' session timeout (``ledger_worker --session-timeout-ms``' default)
 SESSION_S = 6.0
-
-
-def _until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None], what: str,
-           where: Callable[[], str] | None = None) -> None:
-    """Waits for ``cond``; past ``timeout`` fails saying ``what`` it waited for and, with
-    ``where``, where each part of it stood (keep ``timeout`` under pytest's own 300 s: a test
-    cut off by pytest-timeout says only where its thread slept, ci100)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
-                                 + (f": {where()}" if where is not None else ""))
-        tick()
-        time.sleep(0.2)
 
 
 def _workers(n: int, bs: str, topic: str, group: str, tmp: Path,
@@ -130,7 +115,7 @@ def test_worker_killed_between_claim_and_effect(kafka_broker: Broker, tmp_path: 
     try:
         tick = keep_alive(workers, faults)
         tick()
-        _until(lambda: _applied(ledger, keys), 240, tick, "every effect")
+        until(lambda: _applied(ledger, keys), 240, tick, "every effect")
         assert len(os.listdir(markers)) == len(keys)  # every key's first claimant died
         for w in workers:
             assert w.terminate() == 0, w.log()[-3000:]
@@ -160,7 +145,7 @@ def test_heartbeat_checkpoint_survives_a_kill(kafka_broker: Broker, tmp_path: Pa
     try:
         tick = keep_alive(workers)
         tick()
-        _until(lambda: _applied(ledger, {key}), 180, tick, "the effect")
+        until(lambda: _applied(ledger, {key}), 180, tick, "the effect")
         seen = {e.key: e.note for e in ledger.effects() if e.key.startswith("seen/")}
         assert seen[f"seen/{key}/1"] == ""  # attempt 1 started from scratch
         assert seen[f"seen/{key}/2"] == "ckpt-3"  # attempt 2 resumed from the checkpoint
@@ -296,7 +281,7 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
             # 240 s in CI: under pytest's 300 s, so a stuck run says which part is missing
             # (ci100: cut off by pytest-timeout at 300 s with the old 420 s budget, where the
             # run takes 35-66 s)
-            _until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted
+            until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted
                    and fired_by(markers) <= victims() and _committed_all(commits, n),
                    full_size(1800, 240),
                    chaos, "every activity, the kills, a broker restart and the whole topic "

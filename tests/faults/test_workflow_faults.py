@@ -19,7 +19,6 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from kworkers.workflow import Engine
 from kworkers.workflow.state import Status
 from tests.apps.workflow_checks import Report, check
 from tests.apps.workflow_worker import build, make_worker
+from tests.faults.support import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -82,16 +82,6 @@ def _revive(workers: list[WorkerProcess]) -> None:
             w.start()
 
 
-def _until(cond: Callable[[], bool], timeout: float, tick: Callable[[], None],
-           what: str) -> None:
-    """Polls; the timeout only bounds a hang (the message names what never happened)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        tick()
-        time.sleep(0.2)
-
-
 def _done(engine: Engine, ids: list[str], status: Status) -> int:
     return sum(1 for r in engine.tables.list_runs(status, limit=10_000) if r.workflow_id in ids)
 
@@ -134,7 +124,7 @@ def test_pipeline_kill_loop(fault_broker: Broker, tmp_path: Path, store: str) ->
             if b == batches // 2:
                 fault_broker.restart(hard=True)
                 restarted = True
-        _until(lambda: _done(engine, ids, "completed") == n, 420, lambda: _revive(workers),
+        until(lambda: _done(engine, ids, "completed") == n, 420, lambda: _revive(workers),
                f"all {n} runs completed")
         report = check(engine.tables, ledger, *_pipeline_wants(ids))
         assert report.ok, report.summary()
@@ -170,7 +160,7 @@ def test_canary_effects_outside_the_checkpoint_fail_the_check(kafka_broker: Brok
     workers = _workers(1, "pipeline", bs, url, name, tmp_path, "--effect-outside-txn",
                        "--die-once-dir", str(markers), "--die-once-at", "embed")
     try:
-        _until(lambda: _done(engine, ids, "completed") == len(ids), 240,
+        until(lambda: _done(engine, ids, "completed") == len(ids), 240,
                lambda: _revive(workers), "the canary's runs")
         report: Report = check(engine.tables, ledger, *_pipeline_wants(ids))
         assert not report.ok, report.summary()
@@ -241,7 +231,7 @@ def test_saga_unwinds_once_with_kills_in_the_middle_of_compensation(
                     victim.kill()
                     kills += 1
 
-        _until(lambda: all((r := engine.tables.run(i)) is not None and r.status == s
+        until(lambda: all((r := engine.tables.run(i)) is not None and r.status == s
                            for i, s in want_status.items()), 420, tick, "every order settled")
         report = check(engine.tables, ledger, want_status, want)
         assert report.ok, report.summary()
