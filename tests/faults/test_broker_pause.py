@@ -182,6 +182,13 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
         waits when record 100 came first: ci95, 'no commit attempt timed out')."""
         return list(cast(Committer, cast(Processor, w.loops[0]).committer).waits)
 
+    def worker_committed() -> int:
+        """The position the worker itself marked committed: a run's waits join ``waits()`` in
+        the same tick, just before its success is marked, so past 100 here means the run that
+        rode out the short pause has put its waits in."""
+        parts = list(cast(Processor, w.loops[0]).parts.values())
+        return max((ps.tracker.committed or 0 for ps in parts), default=0)
+
     #: read by the handler of 200 once the short pause's commits are over: (waits, committed)
     short: list[tuple[list[float], int]] = []
     began: dict[str, float] = {}
@@ -203,9 +210,15 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
             # On a loaded machine the attempts right after the resume may still time out, and
             # the long pause began while that run went on, so neither was told apart (CI,
             # 2026-12-03: committed 10 and no waits read at 199). Every run before the one
-            # that committed is over by then (one periodic run at a time): its waits are in.
+            # that committed is over by then (one periodic run at a time). The run that
+            # committed is over only once the worker's poll loop has applied its answer, which
+            # the broker's committed position does not say: on a loaded machine it was read
+            # before that tick (ci95, ci103: 'no commit attempt timed out', 3 s from pause to
+            # pause), so the worker's own committed position is waited for as well.
             wait_for(lambda: committed(bs, group, topic).get(0, 0) > 100, 60,
                      "the short pause ridden out: a commit past 100")
+            wait_for(lambda: worker_committed() > 100, 60,
+                     "the worker applied the commit past 100")
             short.append((waits(), committed(bs, group, topic)[0]))
             began.setdefault("long", time.time())
             pauser.pause("long", LONG_PAUSE_S)

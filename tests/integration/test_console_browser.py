@@ -35,6 +35,7 @@ from kworkers.consumer.breaker import BreakerPolicy
 from kworkers.dlq.reader import read_dlq
 from kworkers.metrics import MetricsServer
 from kworkers.retry_tiers.headers import dead_letter_headers
+from kworkers.retry_tiers.policy import no_jitter
 from kworkers.retry_tiers.routing import DeadLetterDecision
 from kworkers.testing import Broker
 from kworkers.testing.netns import NetnsLink, netns_available
@@ -156,12 +157,16 @@ def _forge_dead_letters(bs: str, n: int) -> str:
 def stage(kafka_broker: Broker) -> Iterator[Stage]:
     """4 dead letters (k0, k6: Malformed; k3, k9: Expired; k3 a task envelope) and then the
     same group's worker, fixed: it handles every record, except two it retries 10 minutes
-    later (so a tier holds records that are waiting), with a breaker and /metrics."""
+    later, unjittered (so a tier holds records that are waiting), with a breaker and
+    /metrics."""
     bs = kafka_broker.bootstrap_servers
     dead = make_dead_letters(bs)
     w = Worker(topics=[dead.topic], group_id=dead.group, bootstrap_servers=bs,
                retry=RetryPolicy(initial=600.0, max_attempts=3), tiers=TierLadder((600.0,)),
-               breaker=BreakerPolicy())
+               # the backoff as it is: full jitter would make a retry due anywhere in [0, 600)
+               # s, and one drawn small ran within seconds (ci102: a tier showed 1 waiting, the
+               # DLQ 5 dead letters; reproduced with draws of 3 s)
+               breaker=BreakerPolicy(), jitter=no_jitter)
     w.create_topics()
 
     @w.handler
