@@ -232,7 +232,8 @@ def pause_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Pause
         wait_for(lambda: committed(bs, group, topic) == {0: total}, 120, "everything committed")
         end_at = time.time()
         metrics = {name: _metric(metrics_http.port, f"kworkers_{name}_total", group)
-                   for name in ("commits", "commit_failures", "commit_uncertain")}
+                   for name in ("commits", "commit_failures", "commit_uncertain",
+                                "commit_timeouts")}
     metrics_http.close()
     report = check(ledger, log=read_log(bs, topic), faults=faults.faults,
                    commits=commits.stop())
@@ -260,7 +261,9 @@ def test_a_commit_timeout_is_retried_in_place_with_the_seeds_waits(pause_run: Pa
     problems = in_place_problems(r.ledger, r.topic, r.short_at, r.long_at, 100,
                                  r.committed_after_short)
     assert not problems, problems
-    assert pause_run.waits_short, "no commit attempt timed out during the short pause"
+    assert pause_run.waits_short, (
+        "no commit attempt timed out during the short pause (by the end of the run: waits "
+        f"{pause_run.waits_all}, metrics {pause_run.metrics})")
     assert tuple(pause_run.waits_short) == COMMIT_RETRY_WAITS[:len(pause_run.waits_short)]
 
 
