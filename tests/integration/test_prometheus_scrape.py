@@ -148,6 +148,11 @@ def observed(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
             # records were produced before it started) is reported within its 9 s of stall
             c_lag = f'kworkers_consumer_time_lag_seconds{{group="{gc}"}}'
             wait_for(lambda: _value(prom, c_lag) > 1, 30, "C's time lag reported")
+            # C's readiness gauge follows its /readyz within a second (the refresh of a ready
+            # worker's gauges), so a scrape can show the stall before it: ci104 took ``at``
+            # there (C 1 ready). Waited for, not assumed: a gauge that never falls still fails
+            c_ready = f'sum by (group) (kworkers_group_processes_ready{{group="{gc}"}}) == 0'
+            wait_for(lambda: prom.series(c_ready), 30, "C's readiness seen 0 while stalled")
             assert _value(prom, "kworkers_partition_stalled") == 1, "C stopped too early"
             yield Observed(prom, time.time(), (ga, gb, gc))
             _picture(prom, began, (ga, gb, gc))
