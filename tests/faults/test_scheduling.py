@@ -33,7 +33,13 @@ from kworkers.schedule.headers import DELIVERED_AT, SCHEDULED_ID
 from kworkers.testing import Broker
 from kworkers.testing.checker import read_log
 from kworkers.testing.processes import WorkerProcess
-from kworkers.testing.workload import committed_total, end_offsets_total, make_topic, unique
+from kworkers.testing.workload import (
+    committed_total,
+    end_offsets_total,
+    full_size,
+    make_topic,
+    unique,
+)
 from tests.apps.schedule_worker import SETTINGS
 from tests.integration.conftest import wait_for
 
@@ -201,7 +207,8 @@ def _run(bs: str, tmp: Path, n: int, due: tuple[float, float], spread_s: float, 
             if restart is not None and k == kills // 2:
                 restart()
             victim.start()
-        feeding.join(600)
+        # under pytest's 300 s in CI, so a stuck run fails with what it waited for (ci100)
+        feeding.join(full_size(600, 120))
         assert not feeding.is_alive(), "scheduling did not finish"
         assert len(plan.due_ms) == n, "a schedule call failed for good (see the log)"
         expected = set(plan.due_ms) - plan.cancelled
@@ -213,7 +220,7 @@ def _run(bs: str, tmp: Path, n: int, due: tuple[float, float], spread_s: float, 
             except TimeoutError:  # a killed producer's transaction holds the stable offset
                 return False
 
-        wait_for(all_delivered, 600, "a delivery of every scheduled id")
+        wait_for(all_delivered, full_size(600, 120), "a delivery of every scheduled id")
         wait_for(lambda: len(deliveries(bs, canary_dest)) >= 20 + 2, 120,  # 2 scheduled twice
                  "the canary's deliveries")
         for w in procs:
