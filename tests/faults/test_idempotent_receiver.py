@@ -283,9 +283,9 @@ def test_flaky_kill_loop_exactly_once(fault_broker: Broker, tmp_path: Path, kind
             # run takes 35-66 s)
             until(lambda: _applied(ledger, keys) and kills >= kill_count and restarted
                    and fired_by(markers) <= victims() and _committed_all(commits, n),
-                   full_size(1800, 240),
-                   chaos, "every activity, the kills, a broker restart and the whole topic "
-                          "committed", stood)
+                  full_size(1800, 240),
+                  chaos, "every activity, the kills, a broker restart and the whole topic "
+                         "committed", stood)
         except AssertionError:
             print(f"faults: {faults.faults}")
             print(story((w.log_path.stem, w.log()) for w in workers))

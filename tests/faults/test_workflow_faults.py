@@ -36,6 +36,9 @@ from tests.faults.support import until
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
 FULL = os.environ.get("KWORKERS_FULL") == "1"
+#: a kill loop's wait: under pytest's 300 s in CI, so a stuck run fails saying what it waited
+#: for instead of being cut off with thread stacks (ci100; these loops take 24-66 s in CI)
+SETTLE_S = 420 if FULL else 240
 
 
 def _store_url(kind: str, tmp_path: Path) -> str:
@@ -124,8 +127,8 @@ def test_pipeline_kill_loop(fault_broker: Broker, tmp_path: Path, store: str) ->
             if b == batches // 2:
                 fault_broker.restart(hard=True)
                 restarted = True
-        until(lambda: _done(engine, ids, "completed") == n, 420, lambda: _revive(workers),
-               f"all {n} runs completed")
+        until(lambda: _done(engine, ids, "completed") == n, SETTLE_S, lambda: _revive(workers),
+              f"all {n} runs completed")
         report = check(engine.tables, ledger, *_pipeline_wants(ids))
         assert report.ok, report.summary()
         with engine.store.atomic() as conn:
@@ -161,7 +164,7 @@ def test_canary_effects_outside_the_checkpoint_fail_the_check(kafka_broker: Brok
                        "--die-once-dir", str(markers), "--die-once-at", "embed")
     try:
         until(lambda: _done(engine, ids, "completed") == len(ids), 240,
-               lambda: _revive(workers), "the canary's runs")
+              lambda: _revive(workers), "the canary's runs")
         report: Report = check(engine.tables, ledger, *_pipeline_wants(ids))
         assert not report.ok, report.summary()
         assert report.wrong_count == {f"{i}/embed": (1, 2) for i in ids}, report.summary()
@@ -232,7 +235,8 @@ def test_saga_unwinds_once_with_kills_in_the_middle_of_compensation(
                     kills += 1
 
         until(lambda: all((r := engine.tables.run(i)) is not None and r.status == s
-                           for i, s in want_status.items()), 420, tick, "every order settled")
+                          for i, s in want_status.items()), SETTLE_S, tick,
+              "every order settled")
         report = check(engine.tables, ledger, want_status, want)
         assert report.ok, report.summary()
         refunds = shop.payments.calls("refund")
