@@ -354,12 +354,13 @@ def test_hand_offs_from_many_threads_count_back_to_zero_without_a_lock() -> None
 
 def test_canary_two_threads_folding_the_bytes_at_once_lose_some() -> None:
     """The check above catches a fold of the sizes that two threads run at once (each reads
-    the total, takes some sizes, writes its own total back: one overwrites the other)."""
-    for _ in range(5):
+    the total, takes some sizes, writes its own total back: one overwrites the other). The
+    race is a matter of thread switches, so up to 50 storms (ci111: none of 5 lost a byte)."""
+    for _ in range(50):
         step, sender, done = _acking_step(limit=20)
         step._fold = _NoFoldLock()  # type: ignore[assignment]
         parts = [PartitionState("orders", p) for p in range(3)]
         _storm_of_hand_offs(step, sender, done, parts, threads=8, each=400)
         if step.pending_bytes != 0:
             return
-    pytest.fail("five storms folded by every thread at once never lost a byte")
+    pytest.fail("50 storms folded by every thread at once never lost a byte")
