@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from queue import SimpleQueue
 
@@ -364,3 +365,52 @@ def test_canary_two_threads_folding_the_bytes_at_once_lose_some() -> None:
         if step.pending_bytes != 0:
             return
     pytest.fail("50 storms folded by every thread at once never lost a byte")
+
+
+class _HeldSizes(deque[int]):
+    """The step's sizes, whose first pop by the thread named ``held-fold`` waits, after taking
+    its size, until told to go on: a fold held between its read of the total and its write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def popleft(self) -> int:
+        size = super().popleft()
+        if threading.current_thread().name == "held-fold" and not self.held.is_set():
+            self.held.set()
+            assert self.go.wait(10)
+        return size
+
+
+def _fold_held_while_another_folds(step: HandOffStep) -> tuple[int, int]:
+    """One thread folds the sizes of three sends and is held after the first; one more is sent
+    and the poll thread folds meanwhile; all four are released: the bytes the poll thread's
+    fold read, and those counted at the end."""
+    sizes = step._sizes = _HeldSizes()
+    sizes.extend([10, 20, 30])
+    held = threading.Thread(target=lambda: step.pending_bytes, name="held-fold")
+    held.start()
+    assert sizes.held.wait(10)
+    sizes.append(40)
+    meanwhile = step.pending_bytes  # the poll thread's, while the held fold is inside its own
+    sizes.go.set()
+    held.join(10)
+    sizes.extend([-10, -20, -30, -40])
+    return meanwhile, step.pending_bytes
+
+
+def test_a_fold_another_thread_is_inside_is_left_to_it() -> None:
+    """The interleaving the storms above look for, made certain: a fold that finds another
+    one inside gives the last total (0) and folds nothing; the one inside then folds all, so
+    every byte released counts back to zero."""
+    step, _sender, _done = _acking_step(limit=20)
+    assert _fold_held_while_another_folds(step) == (0, 0)
+
+
+def test_canary_two_folds_at_once_overwrite_one_another() -> None:
+    """Without the fold's lock the same interleaving loses the bytes the poll thread folded
+    (the held fold writes 0 + 10 over its 90): the check above fails."""
+    step, _sender, _done = _acking_step(limit=20)
+    step._fold = _NoFoldLock()  # type: ignore[assignment]
+    assert _fold_held_while_another_folds(step) == (90, -90)
