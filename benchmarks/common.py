@@ -241,6 +241,18 @@ def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[s
 # ---------------------------------------------------------------------------------- output
 
 
+def tune_collector(options: Mapping[str, Any]) -> None:
+    """``options["gc"]``, what an application may do with the interpreter's collector before
+    it runs (``{"threshold": [20_000, 10, 10], "freeze": true}``): every side that takes a
+    ``+gc`` variant applies it the same way, so both sides of a ratio are tuned alike."""
+    tune = options.get("gc") or {}
+    if tune.get("threshold"):
+        gc.set_threshold(*tune["threshold"])
+    if tune.get("freeze"):
+        gc.collect()
+        gc.freeze()
+
+
 def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     t = Table(title=title, title_justify="left")
     for i, c in enumerate(columns):

@@ -32,8 +32,10 @@ the time to the first record is printed apart, and so is the rate after it). Eve
 carries its key's sequence number; the handler counts a violation when a key's record starts
 out of order (or twice), and in partition order also when a partition's offset goes back.
 
-Another side in key order: **kworkers+gc**, kworkers with the interpreter's collector tuned as
-docs/CONFIG.md suggests to an application (``gc.set_threshold(20_000, 10, 10)``). Why: at
+Two more sides in key order: **kworkers+gc**, kworkers with the interpreter's collector as
+``kworkers run`` sets it (``kworkers.cli.collector``: ``gc.set_threshold(20_000, 10, 10)``),
+which docs/CONFIG.md suggests to an application that embeds a ``Worker``; and **asyncio+gc**,
+plain asyncio with the same setting, so that the ratio of the two compares like with like. Why: at
 thousands of handlers in flight every record's objects (its task, coroutines, contexts, the
 runner's pass) live ~100 ms, long enough to be carried into the old generation, so CPython's
 full passes come often and walk hundreds of thousands of objects while the event loop waits:
@@ -59,7 +61,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.child import Meter, Unavailable
-from benchmarks.common import Mode, console, fast_producer, fmt, kafka, quiet_logs, result, table
+from benchmarks.common import (
+    Mode,
+    console,
+    fast_producer,
+    fmt,
+    kafka,
+    quiet_logs,
+    result,
+    table,
+    tune_collector,
+)
 from benchmarks.method import Comparison, Side, Summary, summary_table
 from benchmarks.throughput import GC_TUNED
 from kworkers import Message, Worker
@@ -211,6 +223,7 @@ def asyncio_side(spec: dict[str, Any], meter: Meter) -> dict[str, Any]:
 
     options = spec["options"]
     use_loop(options)
+    tune_collector(options)
     by_key = options["ordering"] == "key"
     probe = Probe(meter, not by_key)
     collector = CollectorClock()
@@ -272,6 +285,9 @@ def sides_for(cfg: Config, loops: tuple[str, ...], held: bool = False) -> list[S
                 Side("iobound_asyncio", f"asyncio{suffix}", options=opts)]
     if held:
         out.append(Side("iobound_kworkers", "kworkers+gc",
+                        options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
+                                 **GC_TUNED}))
+        out.append(Side("iobound_asyncio", "asyncio+gc",
                         options={"ordering": cfg.ordering, "concurrency": cfg.in_flight,
                                  **GC_TUNED}))
         out.append(Side("iobound_asyncio", "asyncio held",
@@ -364,9 +380,11 @@ def main(mode: Mode, profile: bool = False) -> None:
                 control = summaries["asyncio held"]
                 one = summaries["kworkers, window 1 share"]
                 bounded = summaries["kworkers, deadline"]
-                tuned = summaries["kworkers+gc"]
+                tuned, plain_tuned = summaries["kworkers+gc"], summaries["asyncio+gc"]
                 figures |= {f"kworkers_gc_{cfg.name}": round(tuned.mps),
                             f"ratio_gc_{cfg.name}": round(tuned.mps / plain.mps, 3),
+                            f"asyncio_gc_{cfg.name}": round(plain_tuned.mps),
+                            f"ratio_gc_both_{cfg.name}": round(tuned.mps / plain_tuned.mps, 3),
                             f"asyncio_held_{cfg.name}": round(control.mps),
                             f"ratio_held_{cfg.name}": round(kw.mps / control.mps, 3),
                             f"kworkers_window1_{cfg.name}": round(one.mps),
@@ -374,17 +392,20 @@ def main(mode: Mode, profile: bool = False) -> None:
                             f"kworkers_deadline_{cfg.name}": round(bounded.mps),
                             f"deadline_x_kworkers_{cfg.name}": round(bounded.mps / kw.mps, 3)}
                 row += [f"{tuned.mps:,.0f} ({tuned.mps / plain.mps:.2f}x)",
+                        f"{plain_tuned.mps:,.0f} "
+                        f"(kworkers+gc x it {tuned.mps / plain_tuned.mps:.2f})",
                         f"{control.mps:,.0f} ({kw.mps / control.mps:.2f}x)",
                         f"{one.mps:,.0f} ({one.mps / plain.mps:.2f}x)",
                         f"{bounded.mps:,.0f} ({bounded.mps / kw.mps:.2f}x)"]
             else:
-                row += ["", "", "", ""]
+                row += ["", "", "", "", ""]
             rows.append(row)
     columns = ["configuration", "ideal/s", "kworkers/s", "asyncio/s", "x asyncio",
                "x asyncio after 1st record", "violations"]
     if "uvloop" in loops:
         columns += ["kworkers+uvloop/s (x kworkers)", "asyncio+uvloop/s (x asyncio)"]
-    columns += [f"kworkers+gc (threshold {GC_TUNED['gc']['threshold'][0]:,})/s (x asyncio)",
+    columns += [f"kworkers+gc (threshold {GC_TUNED['gc']['threshold'][0]:,}, as kworkers run)/s "
+                "(x asyncio)", "asyncio+gc/s (kworkers+gc x it)",
                 f"asyncio holding <= {HELD:,}/s (kworkers x it)",
                 "kworkers, window 1 share/s (x asyncio)",
                 f"kworkers, {DEADLINE_S:.0f} s deadline/s (x kworkers)"]

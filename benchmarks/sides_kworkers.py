@@ -7,18 +7,17 @@ through the public ``consumer_config``; ``options.commit`` picks the commit poli
 pace benchmark); ``options.holds`` False switches backpressure's hold off (the hot benchmark's
 control); ``options.gc`` is what an application may do with the interpreter's garbage collector
 before it runs the worker (``{"threshold": [700, 10, 10], "freeze": true}``: ``gc.set_threshold``,
-``gc.freeze`` once the worker is built), the throughput benchmark's ``+gc`` side;
+``gc.freeze`` once the worker is built; ``benchmarks.common.tune_collector``), the ``+gc`` sides;
 ``options.producer_config`` the hand-off producer's librdkafka properties.
 """
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from typing import Any
 
 from benchmarks.child import Meter, Unavailable, stop_when_done
-from benchmarks.common import cpu_delta, thread_cpu
+from benchmarks.common import cpu_delta, thread_cpu, tune_collector
 from kworkers import CommitPolicy, Message, Worker
 
 NEVER = CommitPolicy(interval_s=3600, max_completions=10**9)
@@ -52,12 +51,7 @@ def run_worker(spec: dict[str, Any], meter: Meter,
                guarantee=options.get("guarantee", "at_least_once"), **pace, **settings)
     register(w)
     w.create_topics()  # tier and DLQ topics: set-up, before the clock starts
-    tune = options.get("gc") or {}
-    if tune.get("threshold"):
-        gc.set_threshold(*tune["threshold"])
-    if tune.get("freeze"):
-        gc.collect()
-        gc.freeze()
+    tune_collector(options)
     extra: dict[str, Any] = {}
 
     profiler = None

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from kworkers import settings
-from kworkers.cli import child_secrets, parent_watch
+from kworkers.cli import child_secrets, collector, parent_watch
 from kworkers.cli.options import (
     bootstrap_option,
     config_option,
@@ -168,13 +168,20 @@ def _native_crashes_leave_a_stack() -> None:
                    "PostgreSQL or Redis store, else set rate_limit.scope=replica).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--gc-young-threshold", "gc_young", type=click.IntRange(min=1),
+              default=collector.DEFAULT_YOUNG, show_default=True,
+              envvar="KWORKERS_GC_YOUNG_THRESHOLD",
+              help="The interpreter's cyclic collector: a young-generation pass after this "
+                   "many tracked objects (CPython's own is 700; env "
+                   "KWORKERS_GC_YOUNG_THRESHOLD). Set before MODULE is imported, so a module "
+                   "that sets its own keeps it (docs/CONFIG.md: the garbage collector).")
 @click.option(child_secrets.FD_OPTION, "secrets_fd", type=int, default=None, hidden=True)
 @click.option(parent_watch.PARENT_OPTION, "parent_pid", type=int, default=None, hidden=True)
 def run(target: str, processes: int, concurrency: int | None,
         max_in_flight_bytes: str | None, metrics_port: int | None,
         config_path: str | None, bootstrap: str | None, properties: tuple[str, ...],
         group_id: str | None, topics_: tuple[str, ...], rate_limit: str | None,
-        log_level: str, secrets_fd: int | None, parent_pid: int | None) -> int:
+        log_level: str, gc_young: int, secrets_fd: int | None, parent_pid: int | None) -> int:
     """Run the Worker MODULE:WORKER (an instance, or a zero-argument factory returning one).
 
     Settings: flags > KWORKERS_* environment > --config file > the Worker's own config.
@@ -195,13 +202,17 @@ def run(target: str, processes: int, concurrency: int | None,
                                 "rate_limit.per_second": per_second,
                                 **settings.client_flags(bootstrap, (
                                     *properties, *(f"{k}={v}" for k, v in passed.items())))}
+    collector.set_young_threshold(gc_young)  # before the module: its own setting wins
     worker = prepare(target, flags, os.environ, config_path)
+    if collector.young_threshold() != gc_young:
+        log.info("the collector's young threshold is %d, as %s set it (not %d)",
+                 collector.young_threshold(), target, gc_young)
     if processes == 1:
         if parent_pid is not None:  # a pool's child: it stops when the pool's parent is gone
             parent_watch.start(parent_pid)
         return run_one(worker, metrics_port)
     shown, secret = child_secrets.split_properties(properties)
-    child: list[str] = [target, "--log-level", log_level]
+    child: list[str] = [target, "--log-level", log_level, "--gc-young-threshold", str(gc_young)]
     if config_path is not None:
         child += ["--config", config_path]
     for opt, value in (("--concurrency", concurrency),

@@ -26,6 +26,7 @@ from tests.integration.test_cli_support import ROOT, cli, one_error_line
 pytestmark = pytest.mark.integration
 
 APP = '''
+import gc
 import os
 from kworkers import TierLadder, Worker
 from kworkers.testing.effects import Ledger
@@ -41,6 +42,9 @@ def handle(msg):
     v = (msg.value or b"").decode()
     _ledger.delivered(v, msg.topic, msg.partition, msg.offset, msg.attempt)
     _ledger.apply_once(v, v)
+    # the collector as the handler runs, per process (kworkers run sets it: kworkers.cli.collector)
+    with open(os.environ["KW_TEST_LEDGER"] + f".gc-{os.getpid()}", "w") as f:
+        f.write(str(gc.get_threshold()[0]))
 
 
 def make():
@@ -72,6 +76,12 @@ def _start(tmp_path: Path, bs: str, *args: str, path: str = "") -> subprocess.Po
         return subprocess.Popen([sys.executable, "-m", "kworkers.cli", "run", *args],
                                 cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 text=True)
+
+
+def _young_thresholds(tmp_path: Path) -> dict[int, int]:
+    """Each process that handled a record: its collector's young threshold as it did."""
+    return {int(f.name.rsplit("-", 1)[1]): int(f.read_text())
+            for f in tmp_path.glob("ledger.db.gc-*")}
 
 
 def _log(tmp_path: Path) -> str:
@@ -121,6 +131,8 @@ def test_one_process_with_settings_from_toml_env_and_flags(kafka_broker: Broker,
     assert sorted(int(v) for v in ledger.effect_values()) == list(range(60))
     assert committed_total(bs, group, topic, 3) == 60  # committed as the flag's group
     assert committed_total(bs, "group-from-toml", topic, 3) == 0
+    # kworkers run's own collector setting, not the interpreter's 700
+    assert _young_thresholds(tmp_path) == {p.pid: 20_000}
 
 
 def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
@@ -131,7 +143,8 @@ def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
     assert cli("topics", "create", "-b", bs, "-t", topic, "--tiers", "250ms").returncode == 0
     port = free_port()
     p = _start(tmp_path, bs, "cliapp:make", "--processes", "2", "--config", "kworkers.toml",
-               "--metrics-port", str(port))
+               "--metrics-port", str(port), "--gc-young-threshold", "5000")
+    kids: list[int] = []
     try:
         # one port for the pool: ready only when both children report ready
         wait_for(lambda: _ready(port) or p.poll() is not None, 90,
@@ -160,11 +173,15 @@ def test_processes_fork_a_pool_and_sigterm_stops_all(kafka_broker: Broker,
         assert flags == {"kworkers_worker_ready": 1.0, "kworkers_worker_healthy": 1.0,
                          "kworkers_worker_processes_ready": 2.0}, flags
         assert not _ready(port + 1)
+        kids = children(p.pid)
     finally:
         code = _stop(p, tmp_path)
     assert code == 0, _log(tmp_path)
     assert not _ready(port)  # the pool is gone
     assert committed_total(bs, group, topic, 6) == 100
+    # the pool's flag reached its children: each that handled a record ran at 5,000
+    seen = _young_thresholds(tmp_path)
+    assert seen and set(seen) <= set(kids) and set(seen.values()) == {5000}, (seen, kids)
 
 
 def _members(bs: str, group: str) -> int:
