@@ -34,6 +34,7 @@ from kworkers.testing.commits import committed
 from kworkers.testing.ledger import Effect, Ledger
 from kworkers.testing.processes import WorkerProcess
 from kworkers.testing.workload import make_topic, produce, unique
+from tests.faults.support import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -77,14 +78,16 @@ class _Side:
 
 
 def _until(cond: Callable[[], bool], sides: list[_Side], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout  # a bound on the test, not a judgement
-    while not cond():
-        if time.monotonic() > end:
-            logs = "\n".join(f"--- {s.proc.log_path.name}\n{s.proc.log()[-2500:]}" for s in sides)
-            raise AssertionError(f"timed out waiting for {what}\n{logs}")
+    """``support.until`` keeping every side alive between polls; a timeout shows their logs."""
+    def logs() -> str:
+        return "\n" + "\n".join(f"--- {s.proc.log_path.name}\n{s.proc.log()[-2500:]}"
+                                 for s in sides)
+
+    def tick() -> None:
         for s in sides:
             s.keep_alive()
-        time.sleep(0.2)
+
+    until(cond, timeout, tick, what, logs)
 
 
 def _attempt_and_details(e: Effect) -> tuple[int, str]:
