@@ -17,6 +17,19 @@ second and CPU per record (``time.process_time`` of the whole process: poll loop
 threads, the sender's thread; less the benchmark's own thread waiting for the end), and the
 ratios the storm's aims are written in (``cpu_ratio``: failing over no-op; ``contention``: 8
 threads over 1, failing).
+
+Beside them, each round, the floor of a failed record in this design (``floor_once``): the two
+things every failed record needs whatever the engine around them does, each timed alone over
+the same records, a thread, no worker: its plan (``FailureRouter.plan``: the rung, the due
+time, the headers) and its send (a real confluent-kafka producer's ``produce()`` of the plan's
+topic, key, value and headers with a delivery callback, to an address where nothing listens:
+librdkafka copies and queues it, nothing leaves; purged after), each the CPU of the calling
+thread only (``thread_time``: librdkafka's own threads, which with a broker serialise the
+batch, are left out, as is the collector's walk of plans kept alive): a lower bound.
+``floor_ratio`` is the two over a no-op record (1 handler thread): no engine built around a
+plan and a send per failed record reaches a ``cpu_ratio`` below it. And a
+what-if, not the format: the same send with the headers packed into one (``send_packed_us``):
+what fewer headers per tier record would take off.
 Timed from ``run`` to the n-th completion, read from the worker's own records counter (no
 broker to read back from: this measures cost, not correctness; the storm checks the commits).
 """
@@ -174,17 +187,63 @@ def run_once(side: str, n: int, concurrency: int) -> tuple[float, float]:
     return total / wall, cpu / total
 
 
+def floor_once(n: int) -> tuple[float, float, float]:
+    """CPU seconds per record of a plan alone, of its send alone, and of the send with its
+    headers packed into one (see the module doc)."""
+    from confluent_kafka import Producer
+
+    from kworkers.clock import SystemClock
+    from kworkers.retry_tiers.policy import SeededJitter
+    from kworkers.retry_tiers.router import FailureRouter
+
+    router = FailureRouter(RetryPolicy(initial=3600, max_interval=3600, max_attempts=5),
+                           TierLadder((3600.0,)), "g", SeededJitter(), SystemClock())
+    records = [Message("t", o % PARTITIONS, o, b"k%d" % o, b"v" * 100) for o in range(n)]
+    exc = ConnectionError("downstream is down")
+    plan_of = router.plan
+    c0 = time.thread_time()
+    for m in records:  # each plan dropped at once: none kept alive for the collector to walk
+        plan_of(m, exc)
+    plan = (time.thread_time() - c0) / n
+    plans = [plan_of(m, exc) for m in records]  # untimed: what the sends below send
+
+    def delivered(err: Any, m: Any) -> None:
+        pass
+
+    def send(packed: bool) -> float:
+        p = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0, "linger.ms": 20,
+                      "queue.buffering.max.messages": n + 1,
+                      "queue.buffering.max.kbytes": 2_097_151})
+        one: list[tuple[str, str | bytes | None]] = [
+            ("kw-retry", b"".join(k.encode() + b"=" + (v or b"") + b"\n"
+                                  for k, v in plans[0].headers))]
+        c0 = time.thread_time()
+        for h in plans:
+            p.produce(h.topic, h.value, h.key, headers=one if packed else list(h.headers),
+                      on_delivery=delivered)
+        spent = time.thread_time() - c0
+        p.purge()
+        p.flush(0)
+        return spent / n
+
+    return plan, send(False), send(True)
+
+
 def main(mode: Mode) -> None:
     n = mode.pick(6_000, 60_000, 300_000)
     runs = 3
     sides = [(s, c) for c in (1, 8) for s in ("noop", "batch", "fail")]
     got: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in sides}
+    floors: list[tuple[float, float, float]] = []
     for r in range(runs):  # alternated: every side once per round
         for side, conc in sides:
             rate, cpu = run_once(side, n, conc)
             got[(side, conc)].append((rate, cpu))
             console.print(f"  round {r + 1}/{runs} {side:4s} x{conc}: {rate:,.0f}/s, "
                           f"{cpu * 1e6:.1f} us CPU per record")
+        floors.append(floor_once(n))
+        console.print(f"  round {r + 1}/{runs} floor: plan {floors[-1][0] * 1e6:.1f} us, send "
+                      f"{floors[-1][1] * 1e6:.1f} us (packed headers {floors[-1][2] * 1e6:.1f})")
 
     def med(k: tuple[str, int], i: int) -> float:
         return statistics.median(x[i] for x in got[k])
@@ -205,11 +264,19 @@ def main(mode: Mode) -> None:
         "cpu_ratio_1": med(("fail", 1), 1) / med(("noop", 1), 1),
         "contention": med(("fail", 8), 1) / med(("fail", 1), 1),
         "ratio": med(("fail", 8), 0) / med(("noop", 8), 0),
+        "plan_us": statistics.median(f[0] for f in floors) * 1e6,
+        "send_us": statistics.median(f[1] for f in floors) * 1e6,
+        "send_packed_us": statistics.median(f[2] for f in floors) * 1e6,
     }
+    figures["floor_ratio"] = (figures["plan_us"] + figures["send_us"]) / figures["noop_us_1"]
     console.print(f"CPU per failed record {figures['fail_us']:.1f} us = "
                   f"{figures['cpu_ratio']:.1f}x a no-op record's {figures['noop_us']:.1f} us "
                   f"with 8 threads ({figures['cpu_ratio_1']:.1f}x with 1; 8 threads cost a "
                   f"failure {figures['contention']:.2f}x one); the storm's aim: <= 5x")
+    console.print(f"the floor: a failed record's plan {figures['plan_us']:.1f} us and send "
+                  f"{figures['send_us']:.1f} us alone are {figures['floor_ratio']:.1f}x a no-op "
+                  f"record (1 thread): no engine around them reaches below that; the send "
+                  f"with its headers packed into one {figures['send_packed_us']:.1f} us")
     console.print(f"a batch no-op record costs the engine {figures['batch_us']:.2f} us (its "
                   "records made up front: no Message built, no client): what a batch handler "
                   "pays on top of `floor`'s raw loop even if records cost nothing to build")
