@@ -51,7 +51,9 @@ def _run(monkeypatch: pytest.MonkeyPatch, *args: str, own: int | None = None,
     monkeypatch.setattr(run_cli, "prepare", prepare)
     monkeypatch.setattr(run_cli, "run_one", run_one)
     monkeypatch.setattr("kworkers.cli.pool.run_pool", run_pool)
-    out = CliRunner().invoke(run_cli.run, ["app:worker", *args], env=env or {})
+    # the variable unset unless the test gives it (None: unset for the call, as CliRunner does)
+    given: dict[str, str | None] = {"KWORKERS_GC_YOUNG_THRESHOLD": None, **(env or {})}
+    out = CliRunner().invoke(run_cli.run, ["app:worker", *args], env=given)
     return out, seen
 
 
