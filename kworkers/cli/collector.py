@@ -6,8 +6,8 @@ into the collector's older generations. At CPython's default young threshold (a 
 every 700 tracked objects that outlive their allocation) a busy worker runs young passes every
 few hundred records, and full passes, each walking every record in flight while the event loop
 and every handler's timer wait, come in proportion. Measured (BENCHMARKS.md, issue #50): at
-5,000 async handlers in flight a worker at 20,000 handled a third more records a second, its
-collector's time a fifth of the default's; a sync no-op worker used 6-16 % less CPU a record.
+5,000 async handlers in flight a worker at 20,000 handled 11-32 % more records a second, its
+collector's time about a quarter of the default's; a sync no-op worker used 6-16 % less CPU a record.
 
 Only the CLI sets it: an application that embeds a ``Worker`` owns its process, and a library
 that retuned the collector would retune it for everything else that process runs
