@@ -7,7 +7,8 @@ every 700 tracked objects that outlive their allocation) a busy worker runs youn
 few hundred records, and full passes, each walking every record in flight while the event loop
 and every handler's timer wait, come in proportion. Measured (BENCHMARKS.md, issue #50): at
 5,000 async handlers in flight a worker at 20,000 handled 11-32 % more records a second, its
-collector's time about a quarter of the default's; a sync no-op worker used 6-16 % less CPU a record.
+collector's time about a quarter of the default's; a sync no-op worker used 6-16 % less CPU
+a record.
 
 Only the CLI sets it: an application that embeds a ``Worker`` owns its process, and a library
 that retuned the collector would retune it for everything else that process runs
