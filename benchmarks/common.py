@@ -238,9 +238,6 @@ def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[s
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
-# ---------------------------------------------------------------------------------- output
-
-
 def tune_collector(options: Mapping[str, Any]) -> None:
     """``options["gc"]``, what an application may do with the interpreter's collector before
     it runs (``{"threshold": [20_000, 10, 10], "freeze": true}``): every side that takes a
@@ -251,6 +248,9 @@ def tune_collector(options: Mapping[str, Any]) -> None:
     if tune.get("freeze"):
         gc.collect()
         gc.freeze()
+
+
+# ---------------------------------------------------------------------------------- output
 
 
 def table(title: str, columns: list[str], rows: list[list[str]]) -> None:

@@ -49,7 +49,7 @@ from kworkers.retry_tiers.tier_record import TierRules
 from kworkers.testing import Broker
 from kworkers.testing.checker import committed, read_log
 from kworkers.testing.ledger import Ledger
-from kworkers.testing.workload import make_topic, unique
+from kworkers.testing.workload import full_size, make_topic, unique
 from kworkers.topic_names import audit_topic, ledger_topic, retry_group
 from kworkers.topic_plan import TopicSpec
 from tests.faults.hostile import (
@@ -78,8 +78,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 #: randomly damaged records in ``test_random_hostile_records``: small in CI (its time budget),
 #: the issue's 3,000 with KWORKERS_FULL=1 (figures in docs/RELIABILITY.md)
-FULL = os.environ.get("KWORKERS_FULL") == "1"
-RANDOM_RECORDS = 3000 if FULL else 300
+RANDOM_RECORDS = full_size(3000, 300)
 LADDER = TierLadder((0.2, 1.0))
 POLICY = RetryPolicy(initial=0.1, max_interval=0.5, max_attempts=3)
 H = list[tuple[str, bytes]]

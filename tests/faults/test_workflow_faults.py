@@ -27,6 +27,7 @@ import pytest
 from examples.pipeline.app import DATA_DIR
 from kworkers.testing import Broker
 from kworkers.testing.processes import WorkerProcess
+from kworkers.testing.workload import full_runs, full_size
 from kworkers.workflow import Engine
 from kworkers.workflow.state import Status
 from tests.apps.workflow_checks import Report, check
@@ -35,10 +36,10 @@ from tests.faults.support import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 ROOT = str(Path(__file__).resolve().parents[2])
-FULL = os.environ.get("KWORKERS_FULL") == "1"
+FULL = full_runs()
 #: a kill loop's wait: under pytest's 300 s in CI, so a stuck run fails saying what it waited
 #: for instead of being cut off with thread stacks (ci100; these loops take 24-66 s in CI)
-SETTLE_S = 420 if FULL else 240
+SETTLE_S = full_size(420, 240)
 
 
 def _store_url(kind: str, tmp_path: Path) -> str:
